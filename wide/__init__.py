@@ -1,0 +1,34 @@
+"""wide: token-level dynamic width pruning (WIDE) for Hugging Face causal LMs, on PyTorch Lightning."""
+
+from wide.config import WideConfig
+from wide.modeling import (
+    ARCHITECTURES,
+    SparsityStats,
+    apply_wide,
+    is_routed,
+    router_parameters,
+    set_temperature,
+    sparsity_stats,
+)
+from wide.policies import POLICIES, Policy, register_policy
+from wide.routers import ROUTERS, Router, RouterSpec, register_router
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ARCHITECTURES",
+    "POLICIES",
+    "ROUTERS",
+    "Policy",
+    "Router",
+    "RouterSpec",
+    "SparsityStats",
+    "WideConfig",
+    "apply_wide",
+    "is_routed",
+    "register_policy",
+    "register_router",
+    "router_parameters",
+    "set_temperature",
+    "sparsity_stats",
+]

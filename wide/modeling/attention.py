@@ -1,0 +1,59 @@
+"""Routed attention through transformers' ``AttentionInterface``.
+
+For every base implementation ``X`` (``sdpa``, ``eager``, ``flex_attention``, ``flash_attention_*``)
+we register ``wide_X``: it runs ``X`` and zeroes the output of each (token, head group) the router
+skipped. Zeroing the attention output of a head equals skipping that head's Q projection columns,
+its attention and its O projection input columns, so this is the exact reference semantics while the
+HF attention module (cache handling, RoPE, q/k norms, biases, sliding windows) stays untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from wide.modeling.layer import mask_heads
+
+PREFIX = "wide_"
+
+
+def _base_function(module, base: str):
+    if base == "eager":
+        # eager attention is defined per modeling file; take the one of the module's own architecture
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+def _make(base: str):
+    def routed_attention(module, query, key, value, attention_mask, **kwargs):
+        out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
+        layer = getattr(module, "_wide_layer", None)
+        if layer is not None and layer.head_mask is not None:
+            out = mask_heads(out, layer.head_mask)
+        return out, weights
+
+    routed_attention.__name__ = f"{PREFIX}{base}"
+    return routed_attention
+
+
+def routed_name(base: str | None) -> str:
+    """Registers (once) and returns the routed twin of attention implementation ``base``."""
+    base = base or "eager"
+    if base.startswith(PREFIX):
+        return base
+    name = PREFIX + base
+    if name not in AttentionInterface._global_mapping:
+        if base != "eager" and base not in ALL_ATTENTION_FUNCTIONS:
+            raise ValueError(f"model: attention implementation {base!r} is not known to transformers")
+        AttentionInterface.register(name, _make(base))
+        mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+        if mask_fn is None:
+            mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"]
+        AttentionMaskInterface.register(name, mask_fn)
+    return name
+
+
+def base_name(name: str) -> str:
+    return name[len(PREFIX):] if name and name.startswith(PREFIX) else name

@@ -1,0 +1,105 @@
+"""`WideLayer`: the routers of one decoder layer and the masks they produced for the current forward."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from wide.modeling.runtime import WideRuntime
+from wide.policies.base import Policy, RouterSlot
+
+
+class WideLayer(nn.Module):
+    """Holds one decoder layer's routers (``routers[kind]``) and turns the residual into masks.
+
+    The masks live only for the current forward: ``head_mask [B, T, Hq]`` for attention and
+    ``group_mask["ffn"] [B, T, G]`` for the FFN (float 0/1, straight-through in training).
+    """
+
+    def __init__(self, layer_idx: int, slots: list[RouterSlot], routers: dict[str, nn.Module], policy: Policy,
+                 runtime: WideRuntime):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.slots = {s.kind: s for s in slots}
+        self.routers = nn.ModuleDict(routers)
+        self.policy = policy
+        object.__setattr__(self, "runtime", runtime)  # shared, not a submodule
+        self.group_mask: dict[str, torch.Tensor] = {}
+        self.head_mask: Optional[torch.Tensor] = None
+        self.ffn_mask: Optional[torch.Tensor] = None
+        self.forced: dict[str, torch.Tensor] = {}
+
+    def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
+        if kind in self.forced:
+            mask = self.forced[kind].to(residual.device, torch.float32)
+            return mask.expand(*residual.shape[:2], self.slots[kind].num_groups)
+        router = self.routers[kind]
+        logits = router(residual)
+        return self.policy.decide(
+            logits, tau=self.runtime.tau, training=self.training, deterministic=getattr(router, "deterministic", False)
+        )
+
+    def route_attention(self, residual: torch.Tensor) -> None:
+        """Called with the pre-attention-norm residual ``[B, T, D]``."""
+        self.head_mask = self.ffn_mask = None
+        self.group_mask = {}
+        if "layer" in self.slots:
+            mask = self._decide("layer", residual)  # [B, T, 1]
+            self.group_mask = {"attn": mask, "ffn": mask}
+            self.head_mask = mask
+            self.ffn_mask = mask
+            for kind in ("attn", "ffn"):
+                self.runtime.record(self.layer_idx, kind, mask)
+            return
+        if "attn" in self.slots:
+            mask = self._decide("attn", residual)
+            self.group_mask["attn"] = mask
+            self.head_mask = mask.repeat_interleave(self.slots["attn"].group_size, dim=-1)
+            self.runtime.record(self.layer_idx, "attn", mask)
+
+    def route_ffn(self, residual: torch.Tensor) -> None:
+        """Called with the pre-FFN-norm residual ``[B, T, D]``."""
+        if "ffn" in self.slots:
+            mask = self._decide("ffn", residual)
+            self.group_mask["ffn"] = mask
+            self.ffn_mask = mask
+            self.runtime.record(self.layer_idx, "ffn", mask)
+
+    def clear(self) -> None:
+        self.group_mask, self.head_mask, self.ffn_mask = {}, None, None
+
+
+def mask_heads(out: torch.Tensor, head_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``out [B, T, H, D]`` times ``head_mask [B, T, H]`` (or ``[B, T, 1]``)."""
+    if head_mask is None:
+        return out
+    if head_mask.shape[:2] != out.shape[:2]:
+        raise RuntimeError(f"routing mask {tuple(head_mask.shape)} does not match attention output {tuple(out.shape)}")
+    return out * head_mask.unsqueeze(-1).to(out.dtype)
+
+
+def mask_channels(h: torch.Tensor, group_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``h [B, T, I]`` times ``group_mask [B, T, G]`` expanded over ``I / G`` channels per group."""
+    if group_mask is None:
+        return h
+    g = group_mask.shape[-1]
+    shaped = h.unflatten(-1, (g, h.shape[-1] // g))
+    return (shaped * group_mask.unsqueeze(-1).to(h.dtype)).flatten(-2)
+
+
+class MaskedActivation(nn.Module):
+    """Replaces the MLP's activation: ``act(gate) ⊙ mask``, so ``up`` and ``down`` see masked channels.
+
+    Multiplying after the activation zeroes ``act(gate) ⊙ up`` for skipped channels, which is exactly
+    the routed FFN; gate/up/down stay the original modules (peft can still wrap them).
+    """
+
+    def __init__(self, act: nn.Module, wide_layer: WideLayer):
+        super().__init__()
+        self.act = act
+        object.__setattr__(self, "wide_layer", wide_layer)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return mask_channels(self.act(h), self.wide_layer.ffn_mask)

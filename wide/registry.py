@@ -1,0 +1,61 @@
+"""A small generic registry: names to classes (or factories) of one base type."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps names to classes deriving from ``base``.
+
+    Rejects duplicate names and classes of the wrong type, and suggests close names on a miss.
+
+    Args:
+        kind: What is registered, used in error messages ("router", "policy", ...).
+        base: Every registered class must subclass this.
+    """
+
+    def __init__(self, kind: str, base: type):
+        self.kind = kind
+        self.base = base
+        self._items: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def deco(cls: type[T]) -> type[T]:
+            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise TypeError(f"{self.kind} {name!r}: {cls!r} does not subclass {self.base.__name__}")
+            if name in self._items and self._items[name] is not cls:
+                raise ValueError(f"{self.kind} {name!r} is already registered to {self._items[name].__qualname__}")
+            self._items[name] = cls
+            cls.registered_name = name
+            return cls
+
+        return deco
+
+    def get(self, name: str, field: str | None = None) -> type[T]:
+        """Looks up ``name``; raises ``ValueError`` naming ``field`` and close names on a miss."""
+        try:
+            return self._items[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            where = f"{field}: " if field else ""
+            raise ValueError(
+                f"{where}unknown {self.kind} {name!r}.{hint} Registered: {', '.join(sorted(self._items))}"
+            ) from None
+
+    def names(self, pattern: str = "*") -> list[str]:
+        return sorted(n for n in self._items if fnmatch.fnmatch(n, pattern))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._items)

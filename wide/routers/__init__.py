@@ -1,0 +1,22 @@
+"""Routers: per-layer modules mapping the pre-norm residual ``[B, T, D]`` to logits ``[B, T, G, 2]``."""
+
+from wide.routers.base import Router, RouterSpec, rms_normalize
+from wide.routers.registry import ROUTERS, register_router
+from wide.routers.linear import LinearRouter
+from wide.routers.lowrank import LowRankRouter
+from wide.routers.mlp import MLPRouter
+from wide.routers.static import StaticRouter
+from wide.routers.topk import TopKRouter
+
+__all__ = [
+    "ROUTERS",
+    "LinearRouter",
+    "LowRankRouter",
+    "MLPRouter",
+    "Router",
+    "RouterSpec",
+    "StaticRouter",
+    "TopKRouter",
+    "register_router",
+    "rms_normalize",
+]

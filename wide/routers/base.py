@@ -1,0 +1,73 @@
+"""The router contract: ``forward(hidden [B, T, D]) -> logits [B, T, G, 2]`` (index 0 execute, 1 skip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """Everything a router factory learns about the one router it builds.
+
+    Attributes:
+        kind: ``attn`` (query-head groups), ``ffn`` (intermediate channel groups) or ``layer`` (one
+            decision shared by attention and FFN).
+        layer_idx: Index of the decoder layer.
+        num_layers: Number of decoder layers in the model.
+        hidden_size: Width D of the residual stream the router reads.
+        num_groups: Number of routing groups G.
+        group_size: Units per group (query heads for ``attn``, channels for ``ffn``, 0 for whole sub-layers).
+        target_sparsity: The target skip rate of this router's kind.
+        rank: The configured bottleneck rank (``WideConfig.router_rank``).
+        group_scores: Lazily computes a ``[G, D]`` non-negative matrix whose product with ``|hidden|``
+            estimates each group's output norm (weight-column norms folded with the norm gain); used by
+            training-free routers. ``None`` when the policy has no such estimate.
+    """
+
+    kind: Literal["attn", "ffn", "layer"]
+    layer_idx: int
+    num_layers: int
+    hidden_size: int
+    num_groups: int
+    group_size: int
+    target_sparsity: float
+    rank: int = 32
+    group_scores: Optional[Callable[[], torch.Tensor]] = None
+
+
+class Router(nn.Module):
+    """Base class of all routers.
+
+    Subclasses take the ``RouterSpec`` as their first constructor argument (further keyword arguments
+    are theirs, settable from YAML through ``init_args``) and return two logits per group.
+    """
+
+    deterministic: bool = False
+    """True for routers whose decision is the argmax even in training (no Gumbel noise, no gradient)."""
+
+    def __init__(self, spec: RouterSpec):
+        super().__init__()
+        self.spec = spec
+        self.num_groups = spec.num_groups
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Returns logits ``[B, T, G, 2]`` for ``hidden [B, T, D]``."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"kind={self.spec.kind}, layer={self.spec.layer_idx}, groups={self.num_groups}"
+
+
+def rms_normalize(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Parameter-free RMS normalisation: residual-stream scale grows with depth, routers should not care."""
+    hidden = hidden.float()
+    return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def split_logits(out: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``[..., 2G] -> [..., G, 2]``."""
+    return out.unflatten(-1, (num_groups, 2))
