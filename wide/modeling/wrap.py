@@ -51,7 +51,8 @@ def _group_scores(layer: nn.Module, arch: ArchSpec, kind: str, group_size: int, 
                 col = w.pow(2).sum(1).sqrt()  # [G, D]
             else:
                 col = w.unflatten(0, (-1, rows)).pow(2).sum(1).sqrt()
-            gain = norm(torch.ones(1, w.shape[-1], device=w.device, dtype=next(norm.parameters()).dtype)).float()
+            gain = norm.forward(torch.ones(  # .forward: no routing hooks
+                1, w.shape[-1], device=w.device, dtype=next(norm.parameters()).dtype)).float()
             return col * gain.reshape(1, -1).abs()
 
     return compute
@@ -142,9 +143,11 @@ def apply_wide(model: nn.Module, config: Optional[WideConfig] = None) -> nn.Modu
         object.__setattr__(attn, "_wide_layer", wl)
         get_path(layer, arch.attn_norm).register_forward_pre_hook(
             functools.partial(_route_hook, wl, "attn"), with_kwargs=True)
-        if any(s.kind == "ffn" for s in slots):
+        kinds = {s.kind for s in slots}
+        if kinds & {"ffn", "layer"}:
             mlp = get_path(layer, arch.mlp)
             setattr(mlp, arch.act, MaskedActivation(getattr(mlp, arch.act), wl).train(model.training))
+        if "ffn" in kinds:
             get_path(layer, arch.ffn_norm).register_forward_pre_hook(
                 functools.partial(_route_hook, wl, "ffn"), with_kwargs=True)
 
