@@ -1,0 +1,137 @@
+"""Trained-tensor checkpoints: routers (and LoRA) as one safetensors file carrying its own identity.
+
+A checkpoint holds only what was trained, plus JSON metadata: the ``WideConfig``, the stage, the step
+and the base model's identity (architecture, shapes, a hash of its config and a fingerprint of its
+embedding), so it refuses to load onto another model with a clear error. Files are written atomically
+(temp file + rename) so a crash never leaves a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from wide.config import WideConfig
+
+FORMAT = "wide-trained/1"
+IDENTITY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "intermediate_size", "vocab_size")
+
+
+def model_identity(model: nn.Module) -> dict[str, Any]:
+    """Architecture, shapes, a config hash and an embedding fingerprint of an HF causal LM."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    ident = {f: getattr(cfg, f, None) for f in IDENTITY_FIELDS}
+    ident["config_hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    emb = model.get_input_embeddings().weight
+    with torch.no_grad():
+        sample = emb[:16].detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+    ident["embedding_fingerprint"] = hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
+    ident["name_or_path"] = getattr(cfg, "_name_or_path", "") or getattr(model.config, "_name_or_path", "")
+    return ident
+
+
+def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Router and LoRA tensors (whether or not they currently require grad), by parameter name."""
+    out = {}
+    for name, p in model.named_parameters():
+        if ".wide.routers." in f".{name}" or "lora_" in name:
+            out[name] = p.detach().to("cpu").contiguous()
+    return out
+
+
+def save_trained(model: nn.Module, path: str | os.PathLike, *, config: WideConfig, stage: str, step: int = 0,
+                 extra: Optional[dict[str, Any]] = None) -> Path:
+    """Writes the trained tensors of ``model`` to ``path`` (a ``.safetensors`` file), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT,
+        "wide_config": json.dumps(config.to_dict()),
+        "base_model": json.dumps(model_identity(model)),
+        "stage": stage,
+        "step": str(int(step)),
+        "extra": json.dumps(extra or {}),
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(trained_state(model), tmp, metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's metadata, JSON fields decoded; ``ValueError`` if it is not a wide checkpoint."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "routers.safetensors"
+    if not path.is_file():
+        raise ValueError(f"checkpoint: {path} does not exist")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"checkpoint: {path} is not a wide checkpoint (format {meta.get('format')!r})")
+    return {
+        "path": str(path),
+        "wide_config": WideConfig.from_dict(json.loads(meta["wide_config"])),
+        "base_model": json.loads(meta["base_model"]),
+        "stage": meta.get("stage", ""),
+        "step": int(meta.get("step", 0)),
+        "extra": json.loads(meta.get("extra", "{}")),
+    }
+
+
+def check_identity(model: nn.Module, expected: dict[str, Any], where: str = "checkpoint") -> None:
+    have = model_identity(model)
+    diffs = [f"{k}: checkpoint {expected.get(k)!r} vs model {have.get(k)!r}"
+             for k in (*IDENTITY_FIELDS, "embedding_fingerprint") if expected.get(k) != have.get(k)]
+    if diffs:
+        raise ValueError(
+            f"{where}: made for another model ({expected.get('name_or_path') or expected.get('model_type')}); "
+            + "; ".join(diffs)
+        )
+
+
+def load_trained(model: nn.Module, path: str | os.PathLike, *, strict: bool = True,
+                 prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Loads router (and LoRA) tensors into an already routed ``model`` after checking its identity.
+
+    Args:
+        model: The routed model (``apply_wide`` already applied with the checkpoint's config).
+        path: The ``.safetensors`` file (or a folder holding ``routers.safetensors``).
+        strict: Every tensor in the file must find its parameter with the same shape.
+        prefixes: Only load tensors whose name contains one of these (e.g. ``(".wide.routers.",)``).
+
+    Returns:
+        The checkpoint's metadata.
+    """
+    meta = read_metadata(path)
+    check_identity(model, meta["base_model"])
+    params = dict(model.named_parameters())
+    with safe_open(meta["path"], framework="pt") as f:
+        keys = [k for k in f.keys() if not prefixes or any(p in k for p in prefixes)]
+        missing = [k for k in keys if k not in params]
+        if missing and strict:
+            raise ValueError(f"checkpoint: {len(missing)} tensors have no parameter in the model, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for k in keys:
+                if k not in params:
+                    continue
+                t = f.get_tensor(k)
+                if t.shape != params[k].shape:
+                    raise ValueError(f"checkpoint: {k} has shape {tuple(t.shape)}, model {tuple(params[k].shape)}")
+                params[k].copy_(t.to(params[k].device, params[k].dtype))
+    return meta

@@ -1,0 +1,230 @@
+"""`WideTask`: the LightningModule both training stages share (loss, optimizer, schedule, metrics)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanMetric
+
+import wide
+from wide.config import WideConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WideTask(L.LightningModule):
+    """Loads a causal LM, routes it, and trains with ``LM + lam * |target - realized skip rate|``.
+
+    Args:
+        model: Hugging Face model name, local folder, or a named offline asset (``wide assets list``).
+        routing: The ``WideConfig`` (sparsity targets, granularity, group sizes, router).
+        lam: Weight of the sparsity term (one term, or one per router kind when per-kind targets are set).
+        lr: Peak learning rate of AdamW.
+        weight_decay: AdamW weight decay.
+        warmup_ratio: Fraction of the total steps spent in linear warmup before the cosine decay.
+        min_lr_ratio: Final learning rate as a fraction of ``lr``.
+        dtype: Dtype of the frozen backbone: ``float32``, ``bfloat16``, ``float16``, or ``None`` for
+            bfloat16 when the Trainer's precision is bf16 and float32 otherwise.
+        attn_implementation: HF attention implementation of the backbone (``sdpa``, ``eager``, ...).
+        gradient_checkpointing: Recompute decoder layers in backward to save memory.
+    """
+
+    stage = "base"
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        routing: Optional[WideConfig] = None,
+        lam: float = 20.0,
+        lr: float = 2e-3,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        min_lr_ratio: float = 0.0,
+        dtype: Optional[str] = None,
+        attn_implementation: str = "sdpa",
+        gradient_checkpointing: bool = False,
+    ):
+        super().__init__()
+        routing = routing if routing is not None else WideConfig()
+        if isinstance(routing, dict):
+            routing = WideConfig(**routing)
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model: must be a model name, folder or asset name, got {model!r}")
+        if not lam >= 0:
+            raise ValueError(f"lam: must be >= 0, got {lam!r}")
+        if not lr > 0:
+            raise ValueError(f"lr: must be > 0, got {lr!r}")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio: must be in [0, 1), got {warmup_ratio!r}")
+        if not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio: must be in [0, 1], got {min_lr_ratio!r}")
+        if dtype is not None and dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {sorted(DTYPES)} or None, got {dtype!r}")
+        self.model_name = model
+        self.routing = routing
+        self.lam = lam
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_ratio = warmup_ratio
+        self.min_lr_ratio = min_lr_ratio
+        self.dtype_name = dtype
+        self.attn_implementation = attn_implementation
+        self.gradient_checkpointing = gradient_checkpointing
+        self.save_hyperparameters(ignore=["routing"])
+        self.hparams["routing"] = routing.to_dict()
+        self.model: Optional[nn.Module] = None
+        self.val_nll = MeanMetric()
+        self.val_skip = MeanMetric()
+
+    # ----------------------------------------------------------------------------------------- model
+    def _backbone_dtype(self) -> torch.dtype:
+        if self.dtype_name is not None:
+            return DTYPES[self.dtype_name]
+        precision = str(getattr(self._trainer, "precision", "32")) if self._trainer is not None else "32"
+        return torch.bfloat16 if precision.startswith("bf16") else torch.float32
+
+    def load_backbone(self) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        from wide.assets import resolve_model
+
+        path = resolve_model(self.model_name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=self._backbone_dtype(), attn_implementation=self.attn_implementation
+        )
+        model.config.use_cache = False
+        return model
+
+    def build_model(self) -> nn.Module:
+        """Backbone → ``apply_wide``; stages extend this."""
+        return wide.apply_wide(self.load_backbone(), self.routing)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.model = self.build_model()
+        if self.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.train(self.training)
+
+    def forward(self, **batch: Any):
+        return self.model(**batch)
+
+    # ------------------------------------------------------------------------------------------ loss
+    def sparsity_loss(self, stats: "wide.SparsityStats") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``lam * |target - realized|``: one global term, or one term per router kind."""
+        cfg = self.routing
+        logs = {}
+        if cfg.per_kind_targets:
+            terms = []
+            for kind in stats.kinds:
+                realized = stats.realized(kind, differentiable=True)
+                terms.append((cfg.target_for(kind) - realized).abs())
+                logs[f"gap_{kind}"] = terms[-1].detach()
+            gap = torch.stack(terms).sum()
+        else:
+            gap = (cfg.sparsity - stats.realized(differentiable=True)).abs()
+        logs["gap"] = gap.detach()
+        return self.lam * gap, logs
+
+    def _lm_forward(self, batch: dict[str, torch.Tensor]):
+        labels = batch.get("labels", batch["input_ids"])
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=labels)
+        return out
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self._lm_forward(batch)
+        stats = wide.sparsity_stats(self.model)
+        sp_loss, sp_logs = self.sparsity_loss(stats)
+        loss = out.loss + sp_loss
+        if not torch.isfinite(loss.detach()):
+            raise FloatingPointError(
+                f"non-finite loss at step {self.global_step} (lm {out.loss.item():.4g}, sparsity {sp_loss.item():.4g}); "
+                "stopping: the last good checkpoint is kept"
+            )
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/lm_loss", out.loss, prog_bar=True, batch_size=bs)
+        self.log("train/sparsity", stats.realized(), prog_bar=True, batch_size=bs)
+        for k, v in sp_logs.items():
+            self.log(f"train/{k}", v, batch_size=bs)
+        self.log("train/tau", wide.modeling.runtime_of(self.model).tau, batch_size=bs)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def _eval_step(self, batch: dict[str, torch.Tensor], split: str) -> None:
+        out = self._lm_forward(batch)
+        labels = batch.get("labels", batch["input_ids"])
+        n_tokens = (labels[:, 1:] != -100).sum()
+        self.val_nll.update(out.loss.detach().float(), weight=n_tokens)
+        stats = wide.sparsity_stats(self.model)
+        self.val_skip.update(stats.realized().float(), weight=n_tokens)
+
+    def _log_eval(self, split: str) -> None:
+        nll = self.val_nll.compute()
+        self.log(f"{split}/loss", nll, prog_bar=True)
+        self.log(f"{split}/ppl", torch.exp(nll), prog_bar=True)
+        self.log(f"{split}/sparsity", self.val_skip.compute(), prog_bar=True)
+        self.val_nll.reset()
+        self.val_skip.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    # ------------------------------------------------------------------------------------- optimizer
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def configure_optimizers(self):
+        params = self.trainable_parameters()
+        if not params:
+            raise ValueError("model: nothing to train (no router or LoRA parameter requires grad)")
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.lr,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(self.warmup_ratio * total)
+        floor = self.min_lr_ratio
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning's .ckpt is for resume only: keep just the trained tensors, not the frozen backbone
+        state = checkpoint["state_dict"]
+        keep = {n for n, p in self.named_parameters() if ".wide.routers." in f".{n}" or "lora_" in n}
+        for k in list(state):
+            if k not in keep and not k.startswith("val_"):
+                del state[k]
+        checkpoint["wide_tau"] = wide.modeling.runtime_of(self.model).tau
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.configure_model()
+        if "wide_tau" in checkpoint:
+            wide.set_temperature(self.model, checkpoint["wide_tau"])
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        # resume checkpoints hold only trained tensors (see on_save_checkpoint)
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
