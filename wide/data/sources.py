@@ -33,7 +33,7 @@ _PATH_HINTS = (".txt", *_ROW_SUFFIXES, ".json", ".csv", ".arrow")
 
 
 def _prose_names() -> tuple[str, ...]:
-    from wide.assets import PROSE_CORPORA
+    from wide.data.olmo import PROSE_CORPORA
 
     return tuple(PROSE_CORPORA)
 
@@ -166,7 +166,7 @@ def load_documents(source: str, *, text_field: str = "text", split: str | None =
 
         texts = default_corpus_documents()
     elif kind == "prose":
-        from wide.assets import prose_corpus
+        from wide.data.olmo import prose_corpus
 
         texts = prose_corpus(source)
     elif kind == "txt":
