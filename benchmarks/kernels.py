@@ -1,0 +1,518 @@
+"""Routed kernels vs dense baselines on Llama-3.1-8B shapes (hidden 4096, FFN 14336, 32 q / 8 kv heads,
+head_dim 128), bf16, random masks. Prints dense/routed ratios with absolute times.
+
+    PYTHONPATH=. python3 benchmarks/kernels.py            # full table (H200: ~4 min)
+    PYTHONPATH=. python3 benchmarks/kernels.py --quick    # the target rows only
+    PYTHONPATH=. python3 benchmarks/kernels.py --json results.json
+    PYTHONPATH=. python3 benchmarks/kernels.py --tune     # time candidate configs per shape
+
+Timing: medians of CUDA-event timings. Large ops: ``triton.testing.do_bench`` (L2 flushed between
+runs). Small ops (M <= 128, decode): one CUDA graph holding 20 back-to-back calls, replayed; the same
+for the dense side. ``gather`` synchronizes with the host, so it is timed eagerly. The routing plan is
+built once outside the timed region (a layer builds it once and its paired ops share it); its cost is
+reported in its own column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import types
+
+SMOKE = "--smoke" in sys.argv  # CPU dry run of this script through the Triton interpreter, tiny shapes
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+try:
+    import wide.kernels  # noqa: F401
+except Exception as exc:  # the top-level package pulls in modeling code; the kernels stand alone
+    print(f"[import wide failed ({type(exc).__name__}: {exc}); loading wide.kernels alone]", file=sys.stderr)
+    for name in [m for m in sys.modules if m == "wide" or m.startswith("wide.")]:
+        del sys.modules[name]
+    _pkg = types.ModuleType("wide")
+    _pkg.__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wide")]
+    sys.modules["wide"] = _pkg
+    import wide.kernels  # noqa: F401
+
+from wide.kernels import get_backend, make_plan  # noqa: E402
+
+if SMOKE:
+    HIDDEN, FFN, HQ, HK, HEAD_D = 64, 256, 8, 2, 16
+    DT = torch.float16
+    DEV = "cpu"
+else:
+    HIDDEN, FFN, HQ, HK, HEAD_D = 4096, 14336, 32, 8, 128
+    DT = torch.bfloat16
+    DEV = "cuda"
+
+# (dense / routed) targets at 50% random masks; None = no target
+TARGETS = {
+    ("gemm_mn", 1): 1.8, ("gemm_mn", 16): 1.0, ("gemm_mn", 128): 1.0, ("gemm_mn", 4096): 1.85,
+    ("gemm_mn", 16384): 1.85, ("gemm_k", 1): 1.8, ("gemm_k", 16): 1.0, ("gemm_k", 128): 1.0,
+    ("gemm_k", 4096): 1.85, ("gemm_k", 16384): 1.85, ("prefill", 4096): 1.6, ("prefill", 16384): 1.85,
+    ("decode", 32768): 1.8,
+}
+TARGETS.update({("swiglu", m): t for (op, m), t in list(TARGETS.items()) if op == "gemm_mn"})
+
+
+# --------------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------------
+
+
+def bench_eager(fn, rep_ms: float = 200.0) -> float:
+    if SMOKE:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def bench_graph(fn, inner: int = 20, reps: int = 30) -> float:
+    """Median ms per call of ``fn`` replayed from a CUDA graph of ``inner`` back-to-back calls."""
+    if SMOKE:
+        return bench_eager(fn)
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / inner)
+    del graph
+    return statistics.median(times)
+
+
+def bench(fn, small: bool) -> float:
+    return bench_graph(fn) if small else bench_eager(fn)
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+
+
+def rand_mask(shape, density: float, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.rand(shape, generator=gen, device=DEV) < density
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def empty_cache():
+    if DEV == "cuda":
+        empty_cache()
+
+
+# --------------------------------------------------------------------------------------------------
+# dense baselines
+# --------------------------------------------------------------------------------------------------
+
+
+def dense_swiglu_fns(x, wg, wu, wgu):
+    def two():
+        return F.silu(F.linear(x, wg)) * F.linear(x, wu)
+
+    def fused():
+        a, b = F.linear(x, wgu).chunk(2, dim=-1)
+        return F.silu(a) * b
+
+    return {"2xlinear": two, "gate_up": fused}
+
+
+def sdpa_fn(q, k, v, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+    if SMOKE:
+        be = SDPBackend.MATH
+
+    def run():
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    return run
+
+
+def best_dense(fns: dict, small: bool) -> tuple[str, float, dict]:
+    times = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            sync()
+            times[name] = bench(fn, small)
+        except Exception as e:  # a backend that does not support the shape
+            times[name] = float("nan")
+            print(f"  [dense {name} failed: {type(e).__name__}: {str(e)[:120]}]", file=sys.stderr)
+    ok = {k: t for k, t in times.items() if not math.isnan(t)}
+    name = min(ok, key=ok.get)
+    return name, ok[name], times
+
+
+# --------------------------------------------------------------------------------------------------
+# rows
+# --------------------------------------------------------------------------------------------------
+
+
+def small_size(n: int, cap: int) -> int:
+    """Sizes shrink to the interpreter's reach in --smoke runs."""
+    return min(n, cap) if SMOKE else n
+
+
+def row(op, size, density, dense_name, dense_ms, routed_ms, gather_ms, plan_ms, err, extra=None, group=None):
+    r = dict(op=op, size=size, group=group, sparsity=round(1 - density, 3), dense=dense_name,
+             dense_ms=dense_ms, routed_ms=routed_ms, gather_ms=gather_ms, plan_ms=plan_ms,
+             ratio=dense_ms / routed_ms if routed_ms else float("nan"),
+             vs_gather=(gather_ms / routed_ms) if (gather_ms and routed_ms) else None, err=err)
+    t = TARGETS.get((op, size)) if density == 0.5 and group in (128, 4, None) else None
+    if density == 1.0:
+        t = 0.95
+    r["target"] = t
+    r["met"] = None if t is None else bool(r["ratio"] >= t)
+    if extra:
+        r.update(extra)
+    return r
+
+
+def time_plan(mask, flat):
+    def build():
+        p = make_plan(mask)
+        p.group_list()
+        p.token_order(flat)
+        return p
+
+    return bench_eager(build, rep_ms=50)
+
+
+def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, config=None) -> dict:
+    M = small_size(M, 40)
+    small = M <= 128
+    if op == "gemm_k":
+        K, N = FFN, HIDDEN
+    else:
+        K, N = HIDDEN, FFN
+    x = torch.randn(M, K, device=DEV, dtype=DT)
+    w = torch.randn(N, K, device=DEV, dtype=DT) / math.sqrt(K)
+    mask = rand_mask((M, (N if op != "gemm_k" else K) // group), density, seed=M + group)
+    plan = make_plan(mask).materialize(flat=True)
+    tb, gb, rb = get_backend("triton"), get_backend("gather"), get_backend("torch")
+    extra = {}
+    if op == "gemm_mn":
+        dense_name, dense_ms, _ = best_dense({"F.linear": lambda: F.linear(x, w)}, small)
+        routed = lambda: tb.gemm_mn(x, w, mask, plan=plan, config=config)  # noqa: E731
+        gathered = lambda: gb.gemm_mn(x, w, mask, plan=plan)  # noqa: E731
+        ref = rb.gemm_mn(x, w, mask)
+    elif op == "swiglu":
+        w2 = torch.randn(N, K, device=DEV, dtype=DT) / math.sqrt(K)
+        wgu = torch.cat([w, w2])
+        dense_name, dense_ms, all_dense = best_dense(dense_swiglu_fns(x, w, w2, wgu), small)
+        extra["dense_all_ms"] = all_dense
+        routed = lambda: tb.swiglu(x, w, w2, mask, plan=plan, config=config)  # noqa: E731
+        gathered = lambda: gb.swiglu(x, w, w2, mask, plan=plan)  # noqa: E731
+        ref = rb.swiglu(x, w, w2, mask)
+    else:
+        dense_name, dense_ms, _ = best_dense({"F.linear": lambda: F.linear(x, w)}, small)
+        routed = lambda: tb.gemm_k(x, w, mask, plan=plan, config=config)  # noqa: E731
+        gathered = lambda: gb.gemm_k(x, w, mask, plan=plan)  # noqa: E731
+        ref = rb.gemm_k(x, w, mask)
+    out = routed()
+    err = rel_err(out, ref)
+    del ref, out
+    routed_ms = bench(routed, small)
+    gather_ms = bench_eager(gathered, rep_ms=100) if with_gather else None
+    plan_ms = time_plan(mask, True)
+    return row(op, M, density, dense_name, dense_ms, routed_ms, gather_ms, plan_ms, err, extra, group)
+
+
+def run_prefill(T: int, gsize: int, density: float, with_gather: bool, config=None, B: int = 1) -> dict:
+    T = small_size(T, 48)
+    q = torch.randn(B, T, HQ, HEAD_D, device=DEV, dtype=DT)
+    k = torch.randn(B, HK, T, HEAD_D, device=DEV, dtype=DT)  # HF cache layout [B, Hk, S, D]
+    v = torch.randn(B, HK, T, HEAD_D, device=DEV, dtype=DT)
+    qh = q.transpose(1, 2).contiguous()  # SDPA's preferred layout, prepared outside the timing
+    mask = rand_mask((B, T, HQ // gsize), density, seed=T + gsize)
+    plan = make_plan(mask).materialize(flat=False)
+    tb, gb = get_backend("triton"), get_backend("gather")
+    dense_name, dense_ms, all_dense = best_dense(
+        {"sdpa-flash": sdpa_fn(qh, k, v, True, "flash")}, small=False)
+    extra = {}
+    try:
+        fn = sdpa_fn(qh, k, v, True, "cudnn")
+        fn()
+        extra["cudnn_ms"] = bench_eager(fn)
+    except Exception:
+        extra["cudnn_ms"] = None
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    routed = lambda: tb.attention_prefill(q, kt, vt, mask, plan=plan, config=config)  # noqa: E731
+    out = routed()
+    ref = sdpa_fn(qh, k, v, True, "flash")().transpose(1, 2)
+    ref = ref * mask.repeat_interleave(gsize, -1)[..., None]
+    err = rel_err(out, ref)
+    del out, ref
+    routed_ms = bench_eager(routed)
+    gather_ms = None
+    if with_gather:
+        gathered = lambda: gb.attention_prefill(q, kt, vt, mask, plan=plan)  # noqa: E731
+        gather_ms = bench_eager(gathered, rep_ms=100)
+    plan_ms = time_plan(mask, False)
+    return row("prefill", T, density, dense_name, dense_ms, routed_ms, gather_ms, plan_ms, err, extra, gsize)
+
+
+def run_decode(S: int, B: int, density: float, with_gather: bool, config=None) -> dict:
+    S = small_size(S, 40)
+    B = small_size(B, 3)
+    gsize = HQ // HK
+    q = torch.randn(B, 1, HQ, HEAD_D, device=DEV, dtype=DT)
+    k = torch.randn(B, HK, S, HEAD_D, device=DEV, dtype=DT)
+    v = torch.randn(B, HK, S, HEAD_D, device=DEV, dtype=DT)
+    qh = q.transpose(1, 2).contiguous()
+    mask = rand_mask((B, 1, HQ // gsize), density, seed=S + B)
+    tb, gb = get_backend("triton"), get_backend("gather")
+    dense_name, dense_ms, all_dense = best_dense(
+        {"sdpa-flash": sdpa_fn(qh, k, v, False, "flash"), "sdpa-efficient": sdpa_fn(qh, k, v, False, "efficient"),
+         "sdpa-cudnn": sdpa_fn(qh, k, v, False, "cudnn")}, small=True)
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+    routed = lambda: tb.attention_decode(q, kt, vt, mask, config=config)  # noqa: E731
+    out = routed()
+    ref = sdpa_fn(qh, k, v, False, "flash")().transpose(1, 2) * mask.repeat_interleave(gsize, -1)[..., None]
+    err = rel_err(out, ref)
+    routed_ms = bench_graph(routed)
+    gather_ms = None
+    if with_gather:
+        gather_ms = bench_eager(lambda: gb.attention_decode(q, kt, vt, mask), rep_ms=100)
+    extra = {"batch": B, "dense_all_ms": all_dense}
+    r = row("decode", S, density, dense_name, dense_ms, routed_ms, gather_ms, 0.0, err, extra, gsize)
+    return r
+
+
+# --------------------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------------------
+
+
+def fmt_row(r: dict) -> str:
+    size = f"{r['size']}" + (f" b{r['batch']}" if "batch" in r else "")
+    vg = f"{r['vs_gather']:.2f}x" if r.get("vs_gather") else "-"
+    tgt = f">={r['target']}" if r.get("target") else ""
+    met = "" if r.get("met") is None else ("ok" if r["met"] else "MISS")
+    return (f"| {r['op']} | {size} | {r['group']} | {r['sparsity']:.0%} | {r['dense']} {r['dense_ms']*1e3:.1f} | "
+            f"{r['routed_ms']*1e3:.1f} | **{r['ratio']:.2f}x** | {vg} | {r['plan_ms']*1e3:.0f} | "
+            f"{r['err']:.1e} | {tgt} {met} |")
+
+
+HEADER = ("| op | M/T/S | group | sparsity | dense (us) | routed (us) | dense/routed | gather/routed | "
+          "plan (us) | rel err | target |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main_table(args) -> list[dict]:
+    quick = args.quick
+    rows: list[dict] = []
+    sizes = [1, 16, 128, 4096, 16384] if quick else [1, 16, 128, 1024, 4096, 16384]
+    jobs = []
+    for op in ("gemm_mn", "swiglu", "gemm_k"):
+        for M in sizes:
+            jobs.append(("gemm", op, M, 128, 0.5))
+        if not quick:
+            for g in (64, 32):
+                for M in (1, 128, 4096):
+                    jobs.append(("gemm", op, M, g, 0.5))
+    for T in ([4096, 16384] if quick else [1024, 4096, 16384]):
+        jobs.append(("prefill", T, 4, 0.5))
+        if not quick:
+            jobs.append(("prefill", T, 2, 0.5))
+    for S in (4096, 32768):
+        for B in (1, 16):
+            if quick and S == 4096:
+                continue
+            jobs.append(("decode", S, B, 0.5))
+    sweep = [1.0, 0.9, 0.7, 0.5, 0.3, 0.1] if quick else [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    if SMOKE:
+        sweep = [1.0, 0.5]
+        jobs = [j for i, j in enumerate(jobs) if i % 3 == 0]
+    for d in sweep:
+        for op in ("gemm_mn", "swiglu", "gemm_k"):
+            if d != 0.5:
+                jobs.append(("gemm", op, 4096, 128, d))
+        if d != 0.5:
+            jobs.append(("prefill", 4096, 4, d))
+        if d in (1.0,):
+            jobs.append(("decode", 32768, 1, d))
+            jobs.append(("gemm", "gemm_mn", 1, 128, d))
+            jobs.append(("gemm", "gemm_k", 1, 128, d))
+    print(HEADER, flush=True)
+    for job in jobs:
+        t0 = time.time()
+        try:
+            with_gather = not args.no_gather
+            if job[0] == "gemm":
+                _, op, M, g, d = job
+                r = run_gemm(op, M, g, d, with_gather=with_gather and d == 0.5 and M <= 16384)
+            elif job[0] == "prefill":
+                _, T, g, d = job
+                r = run_prefill(T, g, d, with_gather=with_gather and d == 0.5 and T <= 4096)
+            else:
+                _, S, B, d = job
+                r = run_decode(S, B, d, with_gather=with_gather and d == 0.5)
+        except Exception as e:
+            print(f"| {job} | FAILED {type(e).__name__}: {str(e)[:200]} |", flush=True)
+            empty_cache()
+            continue
+        r["wall_s"] = round(time.time() - t0, 1)
+        rows.append(r)
+        print(fmt_row(r), flush=True)
+        empty_cache()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta(), "rows": rows}, f, indent=1)
+    return rows
+
+
+def meta() -> dict:
+    import triton
+
+    gpu = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)"
+    return dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), gpu=gpu,
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                command=" ".join(sys.argv))
+
+
+# --------------------------------------------------------------------------------------------------
+# tuning: candidate configs per (op, size)
+# --------------------------------------------------------------------------------------------------
+
+
+def tune(args) -> list[dict]:
+    from wide.kernels.triton.attention import AttentionConfig
+    from wide.kernels.triton.gemm import GemmConfig as C
+
+    mn_perm = [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 4), C(128, 128, 64, 4, 4), C(64, 128, 64, 4, 4),
+               C(128, 64, 64, 4, 4), C(128, 128, 128, 8, 3), C(128, 128, 64, 8, 4, group_m=16)]
+    sw_perm = [C(128, 64, 64, 8, 4), C(128, 64, 64, 8, 3), C(128, 128, 64, 8, 3), C(64, 128, 64, 4, 3),
+               C(128, 64, 64, 4, 4), C(64, 64, 64, 4, 4)]
+    direct1 = [C(1, 16, 256, 4, 4), C(1, 8, 512, 4, 4), C(1, 32, 128, 4, 4), C(1, 16, 512, 4, 3),
+               C(1, 32, 256, 8, 4), C(16, 64, 128, 4, 4), C(16, 32, 256, 4, 4)]
+    direct16 = [C(16, 64, 128, 4, 4), C(16, 32, 256, 4, 4), C(16, 128, 128, 4, 4), C(16, 64, 256, 4, 3),
+                C(16, 32, 128, 4, 5)]
+    direct128 = [C(128, 64, 64, 4, 4), C(128, 32, 128, 4, 4), C(128, 64, 64, 8, 4)]
+    perm128 = [C(64, 128, 64, 4, 4), C(128, 128, 64, 8, 4), C(64, 64, 128, 4, 4), C(64, 64, 64, 4, 4)]
+    k1 = [C(1, 32, 128, 4, 4), C(1, 16, 128, 4, 4), C(1, 64, 128, 4, 4), C(1, 16, 128, 4, 6), C(1, 8, 128, 2, 4),
+          C(1, 32, 128, 4, 4, split_k=2), C(16, 32, 128, 4, 4)]
+    k16 = [C(16, 64, 128, 4, 4, split_k=2), C(16, 32, 128, 4, 4), C(16, 64, 128, 4, 4), C(16, 32, 128, 4, 4, split_k=2),
+           C(16, 64, 128, 4, 4, split_k=4), C(16, 128, 128, 4, 3, split_k=4)]
+    k128 = [C(64, 64, 64, 4, 4, split_k=2), C(128, 64, 64, 8, 4, split_k=2), C(128, 128, 64, 8, 3, split_k=4),
+            C(64, 128, 64, 4, 4, split_k=4), C(128, 64, 128, 8, 3, split_k=2), C(32, 64, 128, 4, 4, split_k=2)]
+    kbig = [C(128, 128, 64, 8, 4), C(128, 128, 64, 8, 3), C(128, 256, 64, 8, 3), C(128, 128, 128, 8, 3),
+            C(64, 128, 64, 4, 4)]
+    plan = [
+        ("gemm_mn", 1, [("direct", c) for c in direct1]),
+        ("gemm_mn", 16, [("direct", c) for c in direct16]),
+        ("gemm_mn", 128, [("direct", c) for c in direct128] + [("perm", c) for c in perm128]),
+        ("gemm_mn", 4096, [("perm", c) for c in mn_perm]),
+        ("gemm_mn", 16384, [("perm", c) for c in mn_perm[:4]]),
+        ("swiglu", 1, [("direct", c) for c in direct1[:5]]),
+        ("swiglu", 16, [("direct", c) for c in direct16]),
+        ("swiglu", 128, [("direct", c) for c in direct128] + [("perm", c) for c in perm128]),
+        ("swiglu", 4096, [("perm", c) for c in sw_perm]),
+        ("gemm_k", 1, k1),
+        ("gemm_k", 16, k16),
+        ("gemm_k", 128, k128),
+        ("gemm_k", 4096, kbig),
+    ]
+    A = AttentionConfig
+    pre = [A(128, 64, 8, 3), A(128, 128, 8, 3), A(64, 64, 4, 3), A(128, 64, 4, 3), A(128, 32, 4, 4), A(64, 128, 4, 3),
+           A(128, 64, 8, 4)]
+    dec = [A(block_n=64, num_warps=4, num_stages=3), A(block_n=128, num_warps=4, num_stages=3),
+           A(block_n=32, num_warps=4, num_stages=4), A(block_n=64, num_warps=4, num_stages=4),
+           A(block_n=64, num_warps=8, num_stages=3), A(block_n=64, num_warps=4, num_stages=3, splits=32),
+           A(block_n=64, num_warps=4, num_stages=3, splits=128), A(block_n=128, num_warps=8, num_stages=2)]
+    results = []
+
+    def one(label, fn):
+        t0 = time.time()
+        try:
+            r = fn()
+            r["config"] = label
+            results.append(r)
+            print(f"  {label:70s} {r['routed_ms']*1e3:9.1f} us  ratio {r['ratio']:.2f}x err {r['err']:.1e} "
+                  f"({time.time()-t0:.0f}s)", flush=True)
+        except Exception as e:
+            print(f"  {label:70s} FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
+        empty_cache()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta(), "tune": results}, f, indent=1)
+
+    deadline = time.time() + args.tune_budget_s
+    for op, M, cands in plan:
+        print(f"{op} M={M}", flush=True)
+        for cand in (cands[:1] if SMOKE else cands):
+            if time.time() > deadline:
+                break
+            one(f"{op} M={M} {cand}", lambda: run_gemm(op, M, 128, 0.5, False, config=cand))
+    print("gemm_mn/gemm_k at 0% sparsity, M=4096", flush=True)
+    one("gemm_mn 4096 d=1 default", lambda: run_gemm("gemm_mn", 4096, 128, 1.0, False))
+    one("gemm_k 4096 d=1 default", lambda: run_gemm("gemm_k", 4096, 128, 1.0, False))
+    for T in (4096, 16384):
+        print(f"prefill T={T}", flush=True)
+        for cand in (pre[:1] if SMOKE else pre):
+            if time.time() > deadline:
+                break
+            one(f"prefill T={T} {cand}", lambda: run_prefill(T, 4, 0.5, False, config=cand))
+    for S, B in ((32768, 1), (32768, 16)):
+        print(f"decode S={S} B={B}", flush=True)
+        for cand in (dec[:1] if SMOKE else dec):
+            if time.time() > deadline:
+                break
+            one(f"decode S={S} B={B} {cand}", lambda: run_decode(S, B, 0.5, False, config=cand))
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="target rows only")
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--tune", action="store_true", help="time candidate kernel configs instead")
+    ap.add_argument("--tune-budget-s", type=float, default=300.0)
+    ap.add_argument("--no-gather", action="store_true", help="skip the gather baseline")
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run (Triton interpreter, tiny shapes)")
+    args = ap.parse_args()
+    if not SMOKE and not torch.cuda.is_available():
+        sys.exit("benchmarks/kernels.py needs a CUDA GPU (or --smoke for a CPU dry run)")
+    torch.manual_seed(0)
+    print(json.dumps(meta()), flush=True)
+    if args.tune:
+        tune(args)
+    else:
+        main_table(args)
+
+
+if __name__ == "__main__":
+    main()

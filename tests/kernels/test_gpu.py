@@ -1,0 +1,130 @@
+"""Real-size checks of the triton backend on a CUDA GPU (bf16 included). Run on the H200 device:
+``pytest -m gpu tests/kernels``. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import wide.kernels as wk
+from wide.kernels import get_backend, make_plan
+from wide.kernels.backends.torch_ref import expand_groups
+
+from .cases import check, poisoned
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+DEV = "cuda"
+
+
+def _mask(shape, density, seed=0):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.rand(shape, generator=gen, device=DEV) < density
+
+
+@pytest.mark.parametrize("M", [1, 16, 128, 1000, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("density", [0.5, 0.0, 1.0])
+def test_gemm_mn_and_swiglu(M, dtype, density):
+    if dtype == torch.float16 and M not in (1, 1000):
+        pytest.skip("fp16 at two sizes is enough")
+    K, N, G = 4096, 14336, 128
+    x = torch.randn(M, K, device=DEV, dtype=dtype)
+    w = torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5
+    w2 = torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5
+    mask = _mask((M, N // G), density, M)
+    zeros = ~expand_groups(mask, G)
+    plan = make_plan(mask)
+    ref = get_backend("torch").gemm_mn(x.float(), w.float(), mask, activation="silu")
+    out = poisoned(ref.shape, dtype, DEV)
+    wk.gemm_mn(x, w, mask, activation="silu", plan=plan, out=out)
+    check(out, ref, dtype, zeros, "gemm_mn")
+    ref = get_backend("torch").swiglu(x.float(), w.float(), w2.float(), mask)
+    out = poisoned(ref.shape, dtype, DEV)
+    wk.swiglu(x, torch.cat([w, w2]), mask=mask, plan=plan, out=out)
+    check(out, ref, dtype, zeros, "swiglu")
+
+
+@pytest.mark.parametrize("M", [1, 16, 128, 1000, 4096])
+@pytest.mark.parametrize("group", [128, 32])
+def test_gemm_k(M, group):
+    dtype = torch.bfloat16
+    K, N = 14336, 4096
+    x = torch.randn(2, M, K, device=DEV, dtype=dtype)[1]  # a view with an offset
+    w = torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5
+    b = torch.randn(N, device=DEV, dtype=dtype)
+    mask = _mask((M, K // group), 0.5, M)
+    ref = get_backend("torch").gemm_k(x.float(), w.float(), mask, bias=b.float())
+    out = poisoned(ref.shape, dtype, DEV)
+    wk.gemm_k(x, w, mask, bias=b, out=out)
+    check(out, ref, dtype, None, "gemm_k")
+    again = wk.gemm_k(x, w, mask, bias=b)
+    assert torch.equal(again, out), "gemm_k is not deterministic"
+
+
+@pytest.mark.parametrize("T,S,HQ,HK,gsize,D", [
+    (1000, 1000, 32, 8, 4, 128),
+    (777, 1500, 32, 8, 2, 128),
+    (512, 512, 8, 8, 1, 64),
+    (600, 600, 32, 4, 16, 128),
+    (300, 300, 16, 2, 8, 64),
+], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
+    B = 2
+    q = torch.randn(B, T, HQ, D, device=DEV, dtype=dtype)
+    k = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)  # HF cache layout, no copy
+    v = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)
+    mask = _mask((B, T, HQ // gsize), 0.5, T)
+    lengths = torch.tensor([S, S - 37], device=DEV)
+    for lens in (None, lengths):
+        ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, lengths=lens)
+        out = poisoned(q.shape, dtype, DEV)
+        wk.attention_prefill(q, k, v, mask, lengths=lens, out=out)
+        check(out, ref, dtype, ~expand_groups(mask, gsize), "prefill")
+
+
+@pytest.mark.parametrize("B,S,HQ,HK,D", [(16, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (3, 999, 8, 8, 64),
+                                         (4, 2048, 32, 4, 128)], ids=str)
+@pytest.mark.parametrize("density", [0.5, 1.0])
+def test_attention_decode(B, S, HQ, HK, D, density):
+    dtype = torch.bfloat16
+    g = HQ // HK
+    q = torch.randn(B, 1, HQ, D, device=DEV, dtype=dtype)
+    k = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)
+    v = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)
+    mask = _mask((B, 1, HQ // g), density, S)
+    lengths = torch.randint(1, S + 1, (B,), device=DEV)
+    lengths[0] = S
+    ref = get_backend("torch").attention_decode(q.float(), k.float(), v.float(), mask, lengths=lengths)
+    out = poisoned(q.shape, dtype, DEV)
+    wk.attention_decode(q, k, v, mask, lengths=lengths, out=out)
+    check(out, ref, dtype, ~expand_groups(mask, g), "decode")
+    assert torch.equal(wk.attention_decode(q, k, v, mask, lengths=lengths), out), "decode is not deterministic"
+
+
+def test_cuda_graph_capture_decode_and_gemv():
+    dtype = torch.bfloat16
+    x = torch.randn(1, 4096, device=DEV, dtype=dtype)
+    w = torch.randn(14336, 4096, device=DEV, dtype=dtype) / 64
+    wd = torch.randn(4096, 14336, device=DEV, dtype=dtype) / 120
+    mask = _mask((1, 112), 0.5)
+    q = torch.randn(1, 1, 32, 128, device=DEV, dtype=dtype)
+    kv = torch.randn(1, 8, 4096, 128, device=DEV, dtype=dtype).transpose(1, 2)
+    amask = _mask((1, 1, 8), 0.5)
+    plan = make_plan(mask).materialize()
+
+    def step():
+        h = wk.swiglu(x, w, w, mask, plan=plan)
+        y = wk.gemm_k(h, wd, mask, plan=plan)
+        a = wk.attention_decode(q, kv, kv, amask)
+        return y, a
+
+    eager = step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

@@ -1,0 +1,211 @@
+"""`triton` and `gather` against the `torch` reference on many small random problems (CPU interpreter).
+
+Every run writes into a NaN-filled `out=` buffer, so an element a kernel forgets to write fails.
+Shapes are odd on purpose (M, T, S, N not multiples of any block); masks are all-false, all-true or
+random; K/V are strided views of an HF-style ``[B, Hk, S, D]`` cache; decode rows are right-padded.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from wide.kernels import get_backend, make_plan
+from wide.kernels.backends.torch_ref import expand_groups
+
+from .cases import INTERPRET, check, poisoned, random_mask
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="random cases run under the Triton CPU interpreter")
+
+DTYPES = [torch.float16, torch.float32]
+N_CASES = {"gemm_mn": 55, "swiglu": 30, "gemm_k": 55, "prefill": 45, "decode": 40}
+
+
+def _density(rng: random.Random) -> float:
+    return rng.choice([0.0, 1.0, 0.5, rng.uniform(0.05, 0.95)])
+
+
+def _mn_config(rng: random.Random, M: int, group: int, N: int):
+    from wide.kernels.triton.gemm import GemmConfig
+
+    choice = rng.choice(["default", "direct", "perm"])
+    if choice == "default":
+        return None
+    if choice == "direct":
+        bm = 1 if M == 1 and rng.random() < 0.7 else rng.choice([16, 32])
+        return "direct", GemmConfig(bm, 16, rng.choice([16, 32]))
+    return "perm", GemmConfig(rng.choice([16, 32]), 16, rng.choice([16, 32]), group_m=rng.choice([1, 2, 8]))
+
+
+def _gemm_problem(seed: int, swiglu: bool = False):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = rng.choice(DTYPES)
+    group = rng.choice([16, 32, 48])
+    ng = rng.randint(1, 4)
+    N = group * ng
+    K = rng.choice([16, 24, 40, 64, 72])
+    if rng.random() < 0.3:
+        lead = (rng.randint(1, 3), rng.randint(1, 13))
+    else:
+        lead = (rng.choice([1, 1, 2, 3, 5, 16, 17, 33, 40, 67]),)
+    M = 1
+    for s in lead:
+        M *= s
+    x = torch.randn(*lead, K, generator=gen).to(dtype)
+    w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
+    w2 = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
+    bias = torch.randn(N, generator=gen).to(dtype) if (not swiglu and rng.random() < 0.5) else None
+    act = None if swiglu else rng.choice([None, "silu", "gelu", "relu"])
+    mask = random_mask((*lead, ng), _density(rng), gen)
+    return rng, dtype, x, w, w2, bias, act, mask, group, M
+
+
+def _ids(kind):
+    return [f"{kind}-{i}" for i in range(N_CASES[kind])]
+
+
+@pytest.mark.parametrize("seed", range(N_CASES["gemm_mn"]), ids=_ids("gemm_mn"))
+def test_gemm_mn(seed):
+    rng, dtype, x, w, _, bias, act, mask, group, M = _gemm_problem(1000 + seed)
+    ref = get_backend("torch").gemm_mn(x.float(), w.float(), mask, bias=None if bias is None else bias.float(),
+                                       activation=act)
+    zeros = ~expand_groups(mask, group)
+    plan = make_plan(mask)
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("triton").gemm_mn(x, w, mask, bias=bias, activation=act, plan=plan, out=out,
+                                  config=_mn_config(rng, M, group, w.shape[0]))
+    check(out, ref, dtype, zeros, "triton")
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("gather").gemm_mn(x, w, mask, bias=bias, activation=act, plan=plan, out=out)
+    check(out, ref, dtype, zeros, "gather")
+
+
+@pytest.mark.parametrize("seed", range(N_CASES["swiglu"]), ids=_ids("swiglu"))
+def test_swiglu(seed):
+    rng, dtype, x, w, w2, _, _, mask, group, M = _gemm_problem(2000 + seed, swiglu=True)
+    ref = get_backend("torch").swiglu(x.float(), w.float(), w2.float(), mask)
+    zeros = ~expand_groups(mask, group)
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("triton").swiglu(x, w, w2, mask, out=out, config=_mn_config(rng, M, group, w.shape[0]))
+    check(out, ref, dtype, zeros, "triton")
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("gather").swiglu(x, w, w2, mask, out=out)
+    check(out, ref, dtype, zeros, "gather")
+
+
+@pytest.mark.parametrize("seed", range(N_CASES["gemm_k"]), ids=_ids("gemm_k"))
+def test_gemm_k(seed):
+    from wide.kernels.triton.gemm import GemmConfig
+
+    rng = random.Random(3000 + seed)
+    gen = torch.Generator().manual_seed(3000 + seed)
+    dtype = rng.choice(DTYPES)
+    group = rng.choice([16, 32, 48])
+    ng = rng.randint(1, 4)
+    K = group * ng
+    N = rng.choice([16, 20, 33, 48, 64])
+    lead = (rng.randint(1, 3), rng.randint(1, 13)) if rng.random() < 0.3 else (rng.choice([1, 1, 2, 7, 16, 19, 40, 70]),)
+    M = 1
+    for s in lead:
+        M *= s
+    x = torch.randn(*lead, K, generator=gen).to(dtype)
+    w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
+    bias = torch.randn(N, generator=gen).to(dtype) if rng.random() < 0.5 else None
+    mask = random_mask((*lead, ng), _density(rng), gen)
+    config = None
+    if rng.random() < 0.6:
+        bm = 1 if (M == 1 and rng.random() < 0.7) else rng.choice([16, 32])
+        config = GemmConfig(bm, rng.choice([16, 32]), 16, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]))
+    ref = get_backend("torch").gemm_k(x.float(), w.float(), mask, bias=None if bias is None else bias.float())
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("triton").gemm_k(x, w, mask, bias=bias, out=out, config=config)
+    check(out, ref, dtype, None, "triton")
+    out = poisoned(ref.shape, dtype, x.device)
+    get_backend("gather").gemm_k(x, w, mask, bias=bias, out=out)
+    check(out, ref, dtype, None, "gather")
+
+
+def _heads(rng: random.Random):
+    """(Hq, Hk, group size): GQA ratios 1-8, groups from one head to several kv heads' worth."""
+    HK = rng.choice([1, 2])
+    qpk = rng.choice([1, 2, 4, 8])
+    HQ = HK * qpk
+    sizes = [d for d in range(1, HQ + 1) if HQ % d == 0 and (qpk % d == 0 or d % qpk == 0)]
+    return HQ, HK, rng.choice(sizes)
+
+
+def _kv(B, S, HK, D, dtype, gen, strided: bool):
+    if strided:  # an HF cache is [B, Hk, S, D]; the kernels take its transpose with no copy
+        k = torch.randn(B, HK, S, D, generator=gen).to(dtype).transpose(1, 2)
+        v = torch.randn(B, HK, S, D, generator=gen).to(dtype).transpose(1, 2)
+    else:
+        k = torch.randn(B, S, HK, D, generator=gen).to(dtype)
+        v = torch.randn(B, S, HK, D, generator=gen).to(dtype)
+    return k, v
+
+
+@pytest.mark.parametrize("seed", range(N_CASES["prefill"]), ids=_ids("prefill"))
+def test_attention_prefill(seed):
+    from wide.kernels.triton.attention import AttentionConfig
+
+    rng = random.Random(4000 + seed)
+    gen = torch.Generator().manual_seed(4000 + seed)
+    dtype = rng.choice(DTYPES)
+    B = rng.randint(1, 2)
+    T = rng.choice([1, 3, 9, 16, 21])
+    causal = rng.random() < 0.75
+    S = T + rng.choice([0, 0, 5, 11]) if causal else rng.choice([1, 7, 19, 30])
+    HQ, HK, gsize = _heads(rng)
+    D = rng.choice([16, 32, 32, 64])
+    q = torch.randn(B, T, HQ, D, generator=gen).to(dtype)
+    k, v = _kv(B, S, HK, D, dtype, gen, strided=rng.random() < 0.6)
+    mask = random_mask((B, T, HQ // gsize), _density(rng), gen)
+    lengths = None
+    if rng.random() < 0.3:
+        lengths = torch.tensor([rng.randint(1, S) for _ in range(B)], dtype=torch.int32)
+    config = None
+    if rng.random() < 0.5:
+        hu = min(gsize, HQ // HK)
+        config = AttentionConfig(block_m=max(16, hu) * rng.choice([1, 2]), block_n=rng.choice([16, 32]))
+    ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, causal=causal,
+                                                 lengths=lengths)
+    zeros = ~expand_groups(mask, gsize)
+    plan = make_plan(mask)
+    out = poisoned(q.shape, dtype, q.device)
+    get_backend("triton").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, plan=plan, out=out,
+                                            config=config)
+    check(out, ref, dtype, zeros, "triton")
+    out = poisoned(q.shape, dtype, q.device)
+    get_backend("gather").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, plan=plan, out=out)
+    check(out, ref, dtype, zeros, "gather")
+
+
+@pytest.mark.parametrize("seed", range(N_CASES["decode"]), ids=_ids("decode"))
+def test_attention_decode(seed):
+    from wide.kernels.triton.attention import AttentionConfig
+
+    rng = random.Random(5000 + seed)
+    gen = torch.Generator().manual_seed(5000 + seed)
+    dtype = rng.choice(DTYPES)
+    B = rng.randint(1, 3)
+    S = rng.choice([1, 5, 16, 33, 47])
+    HQ, HK, gsize = _heads(rng)
+    D = rng.choice([16, 32, 64])
+    q = torch.randn(B, 1, HQ, D, generator=gen).to(dtype)
+    k, v = _kv(B, S, HK, D, dtype, gen, strided=rng.random() < 0.7)
+    mask = random_mask((B, 1, HQ // gsize), _density(rng), gen)
+    lengths = None
+    if rng.random() < 0.6:  # right-padded batch; a zero-length row gives zeros
+        lengths = torch.tensor([rng.randint(0 if rng.random() < 0.1 else 1, S) for _ in range(B)])
+    config = AttentionConfig(block_n=16, num_stages=1, splits=rng.choice([0, 1, 2, 3, 5]))
+    ref = get_backend("torch").attention_decode(q.float(), k.float(), v.float(), mask, lengths=lengths)
+    zeros = ~expand_groups(mask, gsize)
+    out = poisoned(q.shape, dtype, q.device)
+    get_backend("triton").attention_decode(q, k, v, mask, lengths=lengths, out=out, config=config)
+    check(out, ref, dtype, zeros, "triton")
+    out = poisoned(q.shape, dtype, q.device)
+    get_backend("gather").attention_decode(q, k, v, mask, lengths=lengths, out=out)
+    check(out, ref, dtype, zeros, "gather")

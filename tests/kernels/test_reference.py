@@ -1,0 +1,84 @@
+"""The `torch` reference against explicit formulas (it is what every other backend is tested against)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import wide.kernels as wk
+
+
+def naive_attention(q, k, v, causal, lengths=None):
+    B, T, HQ, D = q.shape
+    S, HK = k.shape[1], k.shape[2]
+    out = torch.zeros(B, T, HQ, D, dtype=torch.float64)
+    for b in range(B):
+        L = S if lengths is None else int(lengths[b])
+        for h in range(HQ):
+            kh = h // (HQ // HK)
+            for i in range(T):
+                hi = min(L, S - T + i + 1) if causal else L
+                if hi <= 0:
+                    continue
+                s = (k[b, :hi, kh].double() @ q[b, i, h].double()) / math.sqrt(D)
+                out[b, i, h] = torch.softmax(s, 0) @ v[b, :hi, kh].double()
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_reference_matches_naive(causal):
+    gen = torch.Generator().manual_seed(1)
+    B, T, S, HQ, HK, D = 2, 5, 9, 8, 2, 16
+    q = torch.randn(B, T, HQ, D, generator=gen)
+    k = torch.randn(B, HK, S, D, generator=gen).transpose(1, 2)
+    v = torch.randn(B, HK, S, D, generator=gen).transpose(1, 2)
+    mask = torch.rand(B, T, 4, generator=gen) < 0.5
+    lengths = torch.tensor([9, 6])
+    out = wk.attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, backend="torch")
+    ref = naive_attention(q, k, v, causal, lengths) * mask.repeat_interleave(2, -1)[..., None]
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+def test_decode_reference_zero_length_row():
+    q = torch.randn(2, 1, 4, 16)
+    k = torch.randn(2, 6, 2, 16)
+    mask = torch.ones(2, 1, 2, dtype=torch.bool)
+    out = wk.attention_decode(q, k, k, mask, lengths=torch.tensor([0, 3]), backend="torch")
+    assert (out[0] == 0).all()
+    assert torch.allclose(out[1:].double(), naive_attention(q[1:], k[1:], k[1:], False, [3]), atol=1e-5)
+
+
+def test_gemm_semantics_and_float_mask_gradient():
+    x = torch.randn(2, 3, 64)
+    w = torch.randn(96, 64)
+    b = torch.randn(96)
+    mask = torch.rand(2, 3, 3) < 0.5
+    y = wk.gemm_mn(x, w, mask, bias=b, activation="silu")
+    full = F.silu(x @ w.T + b)
+    keep = mask.repeat_interleave(32, -1)
+    assert torch.equal(y[~keep], torch.zeros_like(y[~keep])) and torch.allclose(y[keep], full[keep])
+
+    mk = torch.rand(2, 3, 2) < 0.5
+    yk = wk.gemm_k(x, w, mk, bias=b)
+    assert torch.allclose(yk, (x * mk.repeat_interleave(32, -1)) @ w.T + b, atol=1e-5)
+
+    gu = torch.randn(192, 64)
+    ys = wk.swiglu(x, gu, mask=mask)  # concatenated gate_up weight
+    assert torch.allclose(ys, F.silu(x @ gu[:96].T) * (x @ gu[96:].T) * keep, atol=1e-5)
+
+    soft = mask.float().requires_grad_()
+    wk.gemm_mn(x, w, soft).sum().backward()  # the straight-through training path
+    assert torch.allclose(soft.grad, (x @ w.T).view(2, 3, 3, 32).sum(-1), atol=1e-4)
+
+
+def test_shape_errors_name_the_problem():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="groups do not split"):
+        wk.gemm_mn(x, torch.randn(96, 64), torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="mask"):
+        wk.gemm_k(x, torch.randn(96, 64), torch.ones(3, 2, dtype=torch.bool))
+    # 12 q heads over 2 kv heads (6 each) in groups of 4: a group straddles two kv heads
+    with pytest.raises(ValueError, match="unevenly"):
+        wk.attention_prefill(torch.randn(1, 2, 12, 16), torch.randn(1, 2, 2, 16), torch.randn(1, 2, 2, 16),
+                             torch.ones(1, 2, 3, dtype=torch.bool), backend="torch")

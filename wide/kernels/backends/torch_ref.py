@@ -1,0 +1,108 @@
+"""``torch`` backend: the reference semantics, in plain differentiable PyTorch.
+
+It computes densely and applies the mask afterwards (gemm_mn, SwiGLU, attention) or before
+(gemm_k), so it is exact, runs anywhere and supports autograd. A float mask in {0, 1} multiplies
+instead of selecting, so a straight-through gradient reaches the router (the training path).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import KernelBackend, register_backend
+
+
+def expand_groups(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """``[..., G_count] -> [..., G_count * size]``: each group's decision repeated over its columns."""
+    return mask.repeat_interleave(size, dim=-1)
+
+
+def apply_mask(y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact zeros where a bool mask is False (even over inf/NaN); a float mask multiplies."""
+    if mask.dtype == torch.bool:
+        return torch.where(mask, y, y.new_zeros(()))
+    return y * mask.to(y.dtype)
+
+
+def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation is None:
+        return y
+    if activation == "silu":
+        return F.silu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "relu":
+        return F.relu(y)
+    raise ValueError(f"unknown activation {activation!r} (use None, 'silu', 'gelu' or 'relu')")
+
+
+def key_keep(B: int, T: int, S: int, causal: bool, lengths: torch.Tensor | None,
+             device: torch.device) -> torch.Tensor | None:
+    """Bool ``[B, 1, T, S]`` of visible keys (query i sits at key position S - T + i), or None for all."""
+    if not causal and lengths is None:
+        return None
+    j = torch.arange(S, device=device)
+    keep = torch.ones(B, 1, T, S, dtype=torch.bool, device=device)
+    if causal:
+        i = torch.arange(T, device=device) + (S - T)
+        keep = keep & (j[None, :] <= i[:, None])
+    if lengths is not None:
+        keep = keep & (j.view(1, 1, 1, S) < lengths.view(B, 1, 1, 1).to(device))
+    return keep
+
+
+def sdpa_reference(q, k, v, keep, scale):
+    """``q [B, Hq, T, D]``, ``k/v [B, Hk, S, D]``; rows with no visible key give zeros."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=1)
+        v = v.repeat_interleave(hq // hk, dim=1)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
+    if keep is not None:
+        o = torch.where(keep.any(-1, keepdim=True), o, o.new_zeros(()))
+    return o
+
+
+@register_backend
+class TorchBackend(KernelBackend):
+    """Reference backend (dense compute, then mask); autograd-capable, accepts float masks."""
+
+    name = "torch"
+
+    def gemm_mn(self, x, weight, mask, *, bias=None, activation=None, plan=None, out=None):
+        group = weight.shape[0] // mask.shape[-1]
+        y = activate(F.linear(x, weight, bias), activation)
+        y = apply_mask(y, expand_groups(mask, group))
+        return _into(out, y)
+
+    def swiglu(self, x, gate_weight, up_weight, mask, *, plan=None, out=None):
+        group = gate_weight.shape[0] // mask.shape[-1]
+        y = F.silu(F.linear(x, gate_weight)) * F.linear(x, up_weight)
+        y = apply_mask(y, expand_groups(mask, group))
+        return _into(out, y)
+
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None):
+        group = x.shape[-1] // mask.shape[-1]
+        y = F.linear(apply_mask(x, expand_groups(mask, group)), weight, bias)
+        return _into(out, y)
+
+    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
+                          out=None):
+        B, T, HQ, D = q.shape
+        S = k.shape[1]
+        keep = key_keep(B, T, S, causal, lengths, q.device)
+        o = sdpa_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, scale)
+        o = o.transpose(1, 2)
+        o = apply_mask(o, expand_groups(mask, HQ // mask.shape[-1]).unsqueeze(-1))
+        return _into(out, o)
+
+    def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None):
+        return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
+
+
+def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

@@ -1,0 +1,222 @@
+"""``triton`` backend: fused routed kernels (mask reordering, block- and row-level skipping).
+
+Triton is imported only when a call reaches this backend, so ``import wide.kernels`` works without
+it. Verifiers reject what the kernels do not cover (reason given); the dispatcher then falls back to
+the ``torch`` reference. On a machine without CUDA the backend still runs when ``TRITON_INTERPRET=1``
+(CPU tensors through Triton's interpreter: the test suite's mode).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from ..plan import RoutingPlan
+from .base import KernelBackend, register_backend
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ACTS = (None, "silu", "gelu", "relu")
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _device_ok(*tensors) -> tuple[bool, str]:
+    devs = {t.device for t in tensors if t is not None}
+    if len(devs) != 1:
+        return False, f"tensors on several devices {sorted(map(str, devs))}"
+    dev = devs.pop()
+    if dev.type == "cuda" or (dev.type == "cpu" and _interpreting()):
+        return True, ""
+    return False, f"tensors on {dev.type} (needs CUDA, or TRITON_INTERPRET=1 on CPU)"
+
+
+def _common(mask, *tensors, float_dtype=None) -> tuple[bool, str]:
+    if mask.dtype != torch.bool:
+        return False, f"needs a bool mask (got {mask.dtype}; float masks are the training path)"
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False, "autograd is not supported (forward-only backend)"
+    ok, why = _device_ok(mask, *tensors)
+    if not ok:
+        return ok, why
+    dtype = float_dtype or tensors[0].dtype
+    if dtype not in _DTYPES:
+        return False, f"dtype {dtype} not in fp16/bf16/fp32"
+    for t in tensors:
+        if t is not None and t.dtype != dtype:
+            return False, f"mixed dtypes {dtype} and {t.dtype}"
+    return True, ""
+
+
+def _out_ok(out, shape, dtype) -> tuple[bool, str]:
+    if out is None:
+        return True, ""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        return False, f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(shape)} {dtype}"
+    if not out.is_contiguous():
+        return False, "out must be contiguous"
+    return True, ""
+
+
+def _plan_for(mask: torch.Tensor, plan: RoutingPlan | None) -> RoutingPlan:
+    if plan is None:
+        return RoutingPlan(mask)
+    if not plan.matches(mask):
+        raise ValueError(f"plan was built for a mask of shape {tuple(plan.shape)}, not this one "
+                         f"({tuple(mask.shape)}, or another tensor)")
+    return plan
+
+
+def _gemm_group_ok(total: int, ng: int, what: str) -> tuple[bool, str]:
+    group = total // ng
+    if group % 16:
+        return False, f"{what} group size {group} is not a multiple of 16"
+    return True, ""
+
+
+@register_backend
+class TritonBackend(KernelBackend):
+    """Fused Triton kernels (forward only, bool masks, CUDA or the Triton interpreter)."""
+
+    name = "triton"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        if importlib.util.find_spec("triton") is None:
+            return False
+        return torch.cuda.is_available() or _interpreting()
+
+    # ---- verifiers ----------------------------------------------------------------------------
+
+    def verify_gemm_mn(self, x, weight, mask, bias=None, activation=None, out=None, **_):
+        ok, why = _common(mask, x, weight, bias)
+        if ok and activation not in _ACTS:
+            ok, why = False, f"activation {activation!r} not fused"
+        if ok:
+            ok, why = _gemm_group_ok(weight.shape[0], mask.shape[-1], "output")
+        if ok:
+            ok, why = _out_ok(out, (*x.shape[:-1], weight.shape[0]), x.dtype)
+        return ok, why
+
+    def verify_swiglu(self, x, gate_weight, up_weight, mask, out=None, **_):
+        ok, why = _common(mask, x, gate_weight, up_weight)
+        if ok:
+            ok, why = _gemm_group_ok(gate_weight.shape[0], mask.shape[-1], "output")
+        if ok:
+            ok, why = _out_ok(out, (*x.shape[:-1], gate_weight.shape[0]), x.dtype)
+        return ok, why
+
+    def verify_gemm_k(self, x, weight, mask, bias=None, out=None, **_):
+        ok, why = _common(mask, x, weight, bias)
+        if ok:
+            ok, why = _gemm_group_ok(x.shape[-1], mask.shape[-1], "reduction")
+        if ok:
+            ok, why = _out_ok(out, (*x.shape[:-1], weight.shape[0]), x.dtype)
+        return ok, why
+
+    def _verify_attention(self, q, k, v, mask, lengths, out) -> tuple[bool, str]:
+        ok, why = _common(mask, q, k, v)
+        if not ok:
+            return ok, why
+        D = q.shape[-1]
+        if D not in (16, 32, 64, 128, 256):
+            return False, f"head_dim {D} not in 16/32/64/128/256"
+        HQ, HK = q.shape[2], k.shape[2]
+        hu = min(HQ // mask.shape[-1], HQ // HK)
+        if hu & (hu - 1):
+            return False, f"{hu} heads per (group, kv head) is not a power of two"
+        if hu > 64:
+            return False, f"{hu} heads per (group, kv head) is more than 64"
+        if lengths is not None:
+            if lengths.dtype not in (torch.int32, torch.int64) or lengths.device != q.device:
+                return False, "lengths must be an int32/int64 tensor on the device of q"
+        return _out_ok(out, q.shape, q.dtype)
+
+    def verify_attention_prefill(self, q, k, v, mask, lengths=None, out=None, **_):
+        return self._verify_attention(q, k, v, mask, lengths, out)
+
+    def verify_attention_decode(self, q, k, v, mask, lengths=None, out=None, **_):
+        ok, why = self._verify_attention(q, k, v, mask, lengths, out)
+        if ok and q.shape[2] // k.shape[2] > 128:
+            ok, why = False, "more than 128 query heads per kv head"
+        return ok, why
+
+    # ---- ops ----------------------------------------------------------------------------------
+
+    def _mn(self, x, w, w2, mask, bias, act, swiglu, plan, out, config):
+        from ..triton import gemm as tg
+
+        K = x.shape[-1]
+        N = w.shape[0]
+        ng = mask.shape[-1]
+        group = N // ng
+        x2 = x.reshape(-1, K)
+        M = x2.shape[0]
+        out = out if out is not None else x.new_empty(*x.shape[:-1], N)
+        out2 = out.view(-1, N)
+        if M == 0:
+            return out
+        kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
+        act_id = tg.ACTIVATIONS[act]
+        if kernel == "direct":
+            mask2 = mask.reshape(-1, ng).view(torch.uint8)
+            tg.gemm_mn_direct(x2, w, w2, bias, out2, mask2, group, act_id, swiglu, cfg)
+        else:
+            perm, counts = _plan_for(mask, plan).token_order(flat=True)
+            tg.gemm_mn_perm(x2, w, w2, bias, out2, perm[0], counts[0], group, act_id, swiglu, cfg)
+        return out
+
+    def gemm_mn(self, x, weight, mask, *, bias=None, activation=None, plan=None, out=None, config=None):
+        return self._mn(x, weight, None, mask, bias, activation, False, plan, out, config)
+
+    def swiglu(self, x, gate_weight, up_weight, mask, *, plan=None, out=None, config=None):
+        return self._mn(x, gate_weight, up_weight, mask, None, None, True, plan, out, config)
+
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, config=None):
+        from ..triton import gemm as tg
+
+        K = x.shape[-1]
+        N = weight.shape[0]
+        ng = mask.shape[-1]
+        x2 = x.reshape(-1, K)
+        M = x2.shape[0]
+        out = out if out is not None else x.new_empty(*x.shape[:-1], N)
+        if M == 0:
+            return out
+        cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
+        glist, nlist = _plan_for(mask, plan).group_list()
+        mask2 = mask.reshape(-1, ng).view(torch.uint8)
+        tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg)
+        return out
+
+    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
+                          out=None, config=None):
+        from ..triton import attention as ta
+
+        B, T, HQ, D = q.shape
+        out = out if out is not None else torch.empty_like(q)
+        if B == 0 or T == 0:
+            return out
+        perm, counts = _plan_for(mask, plan).token_order(flat=False)
+        cfg = config if config is not None else ta.default_prefill_config(T, D)
+        scale = scale if scale is not None else ta.default_scale(D)
+        lens = lengths.to(torch.int32) if lengths is not None else None
+        return ta.attention_prefill(q, k, v, out, perm, counts, lens, HQ // mask.shape[-1], causal,
+                                    scale, cfg)
+
+    def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None):
+        from ..triton import attention as ta
+
+        B, _, HQ, D = q.shape
+        out = out if out is not None else torch.empty_like(q)
+        if B == 0:
+            return out
+        S, HK = k.shape[1], k.shape[2]
+        cfg = config if config is not None else ta.default_decode_config(B, HK, S, D)
+        scale = scale if scale is not None else ta.default_scale(D)
+        mask2 = mask.reshape(B, -1).view(torch.uint8)
+        lens = lengths.to(torch.int32) if lengths is not None else None
+        return ta.attention_decode(q, k, v, out, mask2, lens, HQ // mask.shape[-1], scale, cfg)

@@ -1,0 +1,172 @@
+"""Public routed ops. Each validates shapes, picks a backend per call and runs it.
+
+Tensor conventions (all backends agree; mask True = execute):
+
+| op | inputs | mask | output |
+|---|---|---|---|
+| gemm_mn | x ``[..., K]``, weight ``[N, K]`` | ``[..., N/G]`` | ``[..., N]``, exact zeros where masked |
+| swiglu | x ``[..., K]``, gate/up ``[N, K]`` | ``[..., N/G]`` | ``silu(x gate^T) * (x up^T)``, zeros where masked |
+| gemm_k | x ``[..., K]``, weight ``[N, K]`` | ``[..., K/G]`` | ``(x * mask expanded) @ weight^T`` |
+| attention_prefill | q ``[B, T, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, T, Hq/g]`` | ``[B, T, Hq, D]`` |
+| attention_decode | q ``[B, 1, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, 1, Hq/g]`` | ``[B, 1, Hq, D]`` |
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch
+from .plan import RoutingPlan
+
+
+def _leading(x: torch.Tensor, mask: torch.Tensor, what: str) -> None:
+    if tuple(mask.shape[:-1]) != tuple(x.shape[:-1]):
+        raise ValueError(f"{what}: mask {tuple(mask.shape)} must be [*x.shape[:-1], groups] "
+                         f"with x {tuple(x.shape)}")
+
+
+def _divides(total: int, parts: int, what: str) -> None:
+    if parts <= 0 or total % parts:
+        raise ValueError(f"{what}: {parts} groups do not split {total} evenly")
+
+
+def gemm_mn(x, weight, mask, *, bias=None, activation=None, plan: RoutingPlan | None = None,
+            backend: str = "auto", out=None):
+    """Output-width routed linear: group ``g`` of output columns is computed only where ``mask`` says.
+
+    Args:
+        x: ``[..., K]`` (e.g. ``[B, T, K]`` or ``[M, K]``).
+        weight: ``[N, K]``.
+        mask: ``[..., N/G]`` bool (or float in {0, 1} on the torch backend, for training).
+        bias: ``[N]`` or None.
+        activation: None, ``"silu"``, ``"gelu"`` or ``"relu"``, applied before masking.
+        plan: routing plan of ``mask`` (`make_plan`), shared with the paired op.
+        backend: ``"auto"``, ``"torch"``, ``"gather"`` or ``"triton"``.
+        out: optional ``[..., N]`` output buffer (every element is written).
+
+    Returns:
+        ``[..., N]`` with exact zeros in masked groups.
+    """
+    _leading(x, mask, "gemm_mn")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"gemm_mn: weight {tuple(weight.shape)} must be [N, {x.shape[-1]}]")
+    _divides(weight.shape[0], mask.shape[-1], "gemm_mn")
+    call = dict(x=x, weight=weight, mask=mask, bias=bias, activation=activation, plan=plan, out=out)
+    return dispatch.choose("gemm_mn", backend, call, x.device).gemm_mn(
+        x, weight, mask, bias=bias, activation=activation, plan=plan, out=out)
+
+
+def swiglu(x, gate_weight, up_weight=None, mask=None, *, plan: RoutingPlan | None = None,
+           backend: str = "auto", out=None):
+    """Fused routed SwiGLU: ``silu(x gate^T) * (x up^T)`` under one output-width mask, one pass over x.
+
+    Args:
+        x: ``[..., K]``.
+        gate_weight: ``[N, K]``, or the concatenated ``[2N, K]`` gate_up weight when ``up_weight`` is
+            None (gate rows first).
+        up_weight: ``[N, K]`` or None.
+        mask: ``[..., N/G]`` bool (float on the torch backend).
+        plan, backend, out: as in `gemm_mn`.
+
+    Returns:
+        ``[..., N]``, exact zeros in masked groups.
+    """
+    if mask is None:
+        raise TypeError("swiglu: mask is required")
+    if up_weight is None:
+        if gate_weight.shape[0] % 2:
+            raise ValueError(f"swiglu: concatenated gate_up weight {tuple(gate_weight.shape)} has odd rows")
+        gate_weight, up_weight = gate_weight.chunk(2, dim=0)
+    _leading(x, mask, "swiglu")
+    if gate_weight.shape != up_weight.shape or gate_weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"swiglu: gate {tuple(gate_weight.shape)} and up {tuple(up_weight.shape)} "
+                         f"must both be [N, {x.shape[-1]}]")
+    _divides(gate_weight.shape[0], mask.shape[-1], "swiglu")
+    call = dict(x=x, gate_weight=gate_weight, up_weight=up_weight, mask=mask, plan=plan, out=out)
+    return dispatch.choose("swiglu", backend, call, x.device).swiglu(
+        x, gate_weight, up_weight, mask, plan=plan, out=out)
+
+
+def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backend: str = "auto",
+           out=None):
+    """Reduction-width routed linear: ``(x * mask expanded over K groups) @ weight^T (+ bias)``.
+
+    Args:
+        x: ``[..., K]``.
+        weight: ``[N, K]``.
+        mask: ``[..., K/G]`` bool (float on the torch backend).
+        bias: ``[N]`` or None.
+        plan, backend, out: as in `gemm_mn`.
+
+    Returns:
+        ``[..., N]``.
+    """
+    _leading(x, mask, "gemm_k")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"gemm_k: weight {tuple(weight.shape)} must be [N, {x.shape[-1]}]")
+    _divides(x.shape[-1], mask.shape[-1], "gemm_k")
+    call = dict(x=x, weight=weight, mask=mask, bias=bias, plan=plan, out=out)
+    return dispatch.choose("gemm_k", backend, call, x.device).gemm_k(
+        x, weight, mask, bias=bias, plan=plan, out=out)
+
+
+def _check_attention(q, k, v, mask, what: str) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{what}: q, k, v must be 4-d ([B, T, H, D])")
+    B, T, HQ, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"{what}: k {tuple(k.shape)} / v {tuple(v.shape)} must be [{B}, S, Hk, {D}]")
+    HK = k.shape[2]
+    if HQ % HK:
+        raise ValueError(f"{what}: {HQ} query heads are not a multiple of {HK} kv heads")
+    if tuple(mask.shape[:2]) != (B, T) or mask.dim() != 3:
+        raise ValueError(f"{what}: mask {tuple(mask.shape)} must be [{B}, {T}, groups]")
+    _divides(HQ, mask.shape[-1], what)
+    g, qpk = HQ // mask.shape[-1], HQ // HK
+    if qpk % g and g % qpk:
+        raise ValueError(f"{what}: a group of {g} heads splits the {qpk} query heads of a kv head unevenly")
+
+
+def attention_prefill(q, k, v, mask, *, causal: bool = True, scale: float | None = None, lengths=None,
+                      plan: RoutingPlan | None = None, backend: str = "auto", out=None):
+    """Routed prefill attention over (query token x head group).
+
+    Args:
+        q: ``[B, T, Hq, D]``.
+        k, v: ``[B, S, Hk, D]``, strided views allowed (an HF cache ``[B, Hk, S, D]``.transpose(1, 2)).
+        mask: ``[B, T, Hq/g]`` bool (float on the torch backend).
+        causal: query ``i`` sits at key position ``S - T + i`` and sees keys up to it.
+        scale: softmax scale, default ``D ** -0.5``.
+        lengths: optional ``[B]`` int valid key length per row (keys at or past it are ignored).
+        plan, backend, out: as in `gemm_mn` (``out`` is ``[B, T, Hq, D]``).
+
+    Returns:
+        ``[B, T, Hq, D]``, zeros for inactive (token, group).
+    """
+    _check_attention(q, k, v, mask, "attention_prefill")
+    call = dict(q=q, k=k, v=v, mask=mask, causal=causal, scale=scale, lengths=lengths, plan=plan, out=out)
+    return dispatch.choose("attention_prefill", backend, call, q.device).attention_prefill(
+        q, k, v, mask, causal=causal, scale=scale, lengths=lengths, plan=plan, out=out)
+
+
+def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None, backend: str = "auto",
+                     out=None):
+    """Routed decode attention: one query per row over a right-padded KV cache.
+
+    Args:
+        q: ``[B, 1, Hq, D]``.
+        k, v: ``[B, S, Hk, D]`` strided views allowed.
+        mask: ``[B, 1, Hq/g]`` bool (float on the torch backend).
+        lengths: ``[B]`` int valid KV length per row (default: all ``S``).
+        scale, backend, out: as in `attention_prefill`.
+
+    Returns:
+        ``[B, 1, Hq, D]``, zeros for inactive head groups; no K/V is read for a kv head none of whose
+        query heads runs (triton backend).
+    """
+    _check_attention(q, k, v, mask, "attention_decode")
+    if q.shape[1] != 1:
+        raise ValueError(f"attention_decode: q must have one query per row, got {tuple(q.shape)}")
+    call = dict(q=q, k=k, v=v, mask=mask, lengths=lengths, scale=scale, out=out)
+    return dispatch.choose("attention_decode", backend, call, q.device).attention_decode(
+        q, k, v, mask, lengths=lengths, scale=scale, out=out)

@@ -1,0 +1,108 @@
+"""Routing plan: the per-group token order that the routed kernels share.
+
+WIDE's "mask reordering": for each group, the tokens that execute it are moved to the front of a
+permutation, so a kernel tile of that group reads only active rows and tiles past the group's count
+hold only inactive tokens (they just write zeros). One plan is built per layer and router and passed to
+the paired ops (gate/up -> down share the FFN plan; Q -> attention -> O share the attention plan).
+
+Everything is computed on the device with no host synchronization, lazily, and cached on the plan, so a
+plan built before a CUDA-graph capture can be used inside it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RoutingPlan:
+    """Per-group token permutation, counts and group-activity list for one routing mask.
+
+    Args:
+        mask: routing decision ``[B, T, G]`` or ``[M, G]`` (bool, True = execute).
+    """
+
+    def __init__(self, mask: torch.Tensor):
+        if mask.dtype != torch.bool:
+            raise TypeError(f"RoutingPlan needs a bool mask, got {mask.dtype}")
+        if mask.dim() < 2:
+            raise ValueError(f"mask must be [..., G], got shape {tuple(mask.shape)}")
+        self.mask = mask
+        self._cache: dict[str, object] = {}
+
+    @property
+    def n_groups(self) -> int:
+        return self.mask.shape[-1]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.mask.shape
+
+    def matches(self, mask: torch.Tensor) -> bool:
+        """Cheap check that ``mask`` is the mask this plan was built from (shape and storage)."""
+        return mask is self.mask or (
+            mask.shape == self.mask.shape and mask.data_ptr() == self.mask.data_ptr()
+        )
+
+    def token_order(self, flat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stable partition of tokens per group, active first.
+
+        Args:
+            flat: treat all leading dims as one token axis (FFN ops); else per batch row (attention;
+                the mask must then be ``[B, T, G]``).
+
+        Returns:
+            perm: ``[R, G, T']`` int32, token indices; the first ``counts[r, g]`` are active,
+                ascending, the rest inactive, ascending. ``R = 1, T' = M`` when flat, else ``R = B``.
+            counts: ``[R, G]`` int32.
+        """
+        key = "flat" if flat else "rows"
+        if key not in self._cache:
+            m = self.mask.reshape(1, -1, self.n_groups) if flat else self.mask
+            if m.dim() != 3:
+                raise ValueError(f"a per-row plan needs a [B, T, G] mask, got {tuple(self.mask.shape)}")
+            self._cache[key] = _stable_partition(m)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def group_list(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Groups needed by at least one token, compacted.
+
+        Returns:
+            order: ``[G]`` int32, needed groups first (ascending), then the unused ones.
+            n_needed: ``[1]`` int32, how many groups lead ``order``.
+        """
+        if "groups" not in self._cache:
+            needed = self.mask.reshape(-1, self.n_groups).any(0)
+            perm, counts = _stable_partition(needed.view(1, -1, 1))
+            self._cache["groups"] = (perm.view(-1), counts.view(1))
+        return self._cache["groups"]  # type: ignore[return-value]
+
+    def materialize(self, flat: bool | None = None) -> "RoutingPlan":
+        """Compute the cached tensors now (before a graph capture, say); ``None`` builds both orders."""
+        self.group_list()
+        if flat in (None, True):
+            self.token_order(True)
+        if flat in (None, False) and self.mask.dim() == 3:
+            self.token_order(False)
+        return self
+
+
+def _stable_partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask [R, T, G]`` -> (perm ``[R, G, T]`` int32, counts ``[R, G]`` int32), active first."""
+    a = mask.transpose(1, 2).to(torch.int32).contiguous()  # [R, G, T]
+    counts = a.sum(-1, dtype=torch.int32)
+    before_active = torch.cumsum(a, -1, dtype=torch.int32) - a
+    idx = torch.arange(a.shape[-1], device=a.device, dtype=torch.int32)
+    # an inactive token lands after all active ones, in order among the inactive
+    dest = torch.where(a.bool(), before_active, counts.unsqueeze(-1) + idx - before_active)
+    perm = torch.empty_like(a, memory_format=torch.contiguous_format)
+    perm.scatter_(-1, dest.long(), idx.expand_as(a).contiguous())
+    return perm, counts
+
+
+def make_plan(mask: torch.Tensor) -> RoutingPlan:
+    """Build a reusable routing plan for a bool mask ``[B, T, G]`` (or ``[M, G]``).
+
+    The tensors are computed on first use and cached; call ``plan.materialize()`` to compute them
+    eagerly (e.g. before capturing a CUDA graph that uses the plan).
+    """
+    return RoutingPlan(mask)

@@ -1,0 +1,1 @@
+"""Triton kernels and their host functions; imported lazily by the ``triton`` backend only."""

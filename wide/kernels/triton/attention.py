@@ -1,0 +1,308 @@
+"""Routed attention kernels (Triton): prefill over (query token x head group) and split-K decode.
+
+Prefill: one program per (batch row, *unit*, query tile). A unit is the set of query heads that share
+one KV head and one routing group (``min(group size, q heads per kv head)`` heads), so a tile packs
+``BLOCK_M // HU`` tokens x ``HU`` heads against one K/V stream (GQA packing). Tokens come from the
+plan's per-(row, group) permutation: a tile holds active tokens only, its causal bound is the last
+token's position, keys visible to every row of the tile run without masks, and tiles past the group's
+count write zeros for the inactive tokens they cover.
+
+Decode: flash-decoding. Programs (split, batch row x KV head) skip entirely, reading no K/V, when none
+of the KV head's query heads executes in that row; a second kernel combines the splits in a fixed
+order (deterministic) and writes zeros for inactive heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm import interpreting
+
+LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    splits: int = 0  # decode only: 0 = pick from the problem size
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, perm_ptr, cnt_ptr, len_ptr,
+    T, S, qk_scale, N_UNITS,
+    sqb, sqt, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sot, soh, sod,
+    spb, spg, scb, scg,
+    HU: tl.constexpr, QPK: tl.constexpr, GSIZE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+):
+    TILE_T: tl.constexpr = BLOCK_M // HU
+    pid_bu = tl.program_id(0)
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)  # late (long causal) tiles start first
+    b = pid_bu // N_UNITS
+    u = pid_bu % N_UNITS
+    head0 = u * HU
+    kvh = head0 // QPK
+    grp = head0 // GSIZE
+    cnt = tl.load(cnt_ptr + b * scb + grp * scg)
+
+    r = tl.arange(0, BLOCK_M)
+    idx = tile * TILE_T + r // HU
+    heads = head0 + r % HU
+    valid = idx < T
+    act = idx < cnt
+    perm_row = perm_ptr + b * spb + grp * spg
+    tok = tl.load(perm_row + idx, mask=valid, other=0)
+    d = tl.arange(0, HEAD_D)
+    q_rows = q_ptr + b.to(tl.int64) * sqb + tok.to(tl.int64) * sqt + heads * sqh
+    o_rows = o_ptr + b.to(tl.int64) * sob + tok.to(tl.int64) * sot + heads * soh
+
+    acc = tl.zeros((BLOCK_M, HEAD_D), dtype=tl.float32)
+    if tile * TILE_T < cnt:
+        q = tl.load(q_rows[:, None] + d[None, :] * sqd, mask=act[:, None], other=0.0)
+        kv_len = S
+        if HAS_LEN:
+            kv_len = tl.minimum(tl.load(len_ptr + b), S)
+        off = S - T
+        qpos = tok + off
+        if CAUSAL:
+            tok_first = tl.load(perm_row + tile * TILE_T)
+            tok_last = tl.load(perm_row + tl.minimum(tile * TILE_T + TILE_T, cnt) - 1)
+            hi = tl.minimum(tok_last + off + 1, kv_len)
+            full = tl.minimum(tok_first + off + 1, kv_len)
+        else:
+            hi = kv_len
+            full = kv_len
+        full = (full // BLOCK_N) * BLOCK_N
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        n = tl.arange(0, BLOCK_N)
+        k_base = k_ptr + b.to(tl.int64) * skb + kvh * skh
+        v_base = v_ptr + b.to(tl.int64) * svb + kvh * svh
+        # keys every row of the tile sees: no masks
+        for start in range(0, full, BLOCK_N):
+            kpos = start + n
+            k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+        # the causal diagonal band and the padded tail
+        for start in range(full, hi, BLOCK_N):
+            kpos = start + n
+            kin = kpos < kv_len
+            k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd, mask=kin[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            ok = kin[None, :]
+            if CAUSAL:
+                ok = ok & (kpos[None, :] <= qpos[:, None])
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd, mask=kin[:, None], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+        acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    acc = tl.where(act[:, None], acc, 0.0)
+    tl.store(o_rows[:, None] + d[None, :] * sod, acc.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, ws_o_ptr, ws_ml_ptr,
+    S, chunk, qk_scale, HQ, HK, SPLITS,
+    sqb, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, smb, smg,
+    QPK: tl.constexpr, GSIZE: tl.constexpr, HAS_LEN: tl.constexpr, QB: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HK
+    kvh = pid_bh % HK
+    r = tl.arange(0, QB)
+    hvalid = r < QPK
+    heads = kvh * QPK + r
+    act = (tl.load(mask_ptr + b * smb + (heads // GSIZE) * smg, mask=hvalid, other=0) != 0) & hvalid
+    any_act = tl.max(act.to(tl.int32), 0) > 0
+    kv_len = S
+    if HAS_LEN:
+        kv_len = tl.minimum(tl.load(len_ptr + b), S)
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, kv_len)
+    if any_act & (start < end):
+        d = tl.arange(0, HEAD_D)
+        n = tl.arange(0, BLOCK_N)
+        q = tl.load(q_ptr + b.to(tl.int64) * sqb + heads[:, None] * sqh + d[None, :] * sqd,
+                    mask=act[:, None], other=0.0)
+        k_base = k_ptr + b.to(tl.int64) * skb + kvh * skh
+        v_base = v_ptr + b.to(tl.int64) * svb + kvh * svh
+        m_i = tl.full((QB,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((QB,), dtype=tl.float32)
+        acc = tl.zeros((QB, HEAD_D), dtype=tl.float32)
+        for s0 in range(start, end, BLOCK_N):
+            kpos = s0 + n
+            kin = kpos < end
+            k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd, mask=kin[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(kin[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block has a valid key
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd, mask=kin[:, None], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m_i = m_new
+        slot = (b * HQ + heads) * SPLITS + pid_s
+        tl.store(ws_o_ptr + slot.to(tl.int64)[:, None] * HEAD_D + d[None, :], acc, mask=act[:, None])
+        tl.store(ws_ml_ptr + slot * 2, m_i, mask=act)
+        tl.store(ws_ml_ptr + slot * 2 + 1, l_i, mask=act)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    ws_o_ptr, ws_ml_ptr, mask_ptr, len_ptr, o_ptr,
+    S, chunk, HQ, SPLITS, smb, smg, sob, soh, sod,
+    GSIZE: tl.constexpr, HAS_LEN: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // HQ
+    h = pid % HQ
+    act = tl.load(mask_ptr + b * smb + (h // GSIZE) * smg) != 0
+    kv_len = S
+    if HAS_LEN:
+        kv_len = tl.minimum(tl.load(len_ptr + b), S)
+    n_valid = tl.cdiv(kv_len, chunk)
+    d = tl.arange(0, HEAD_D)
+    out = tl.zeros((HEAD_D,), dtype=tl.float32)
+    if act & (n_valid > 0):
+        sp = tl.arange(0, SPLITS_P2)
+        ok = sp < n_valid
+        slot = (b * HQ + h) * SPLITS + sp
+        m = tl.load(ws_ml_ptr + slot * 2, mask=ok, other=float("-inf"))
+        l = tl.load(ws_ml_ptr + slot * 2 + 1, mask=ok, other=0.0)
+        m_max = tl.max(m, 0)
+        w = tl.where(ok, tl.exp2(m - m_max), 0.0)
+        o = tl.load(ws_o_ptr + slot.to(tl.int64)[:, None] * HEAD_D + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(w[:, None] * o, 0) / tl.sum(w * l, 0)
+    tl.store(o_ptr + b.to(tl.int64) * sob + h * soh + d * sod, out.to(o_ptr.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------------------------------
+# configs and host functions
+# --------------------------------------------------------------------------------------------------
+
+
+def default_prefill_config(T: int, D: int) -> AttentionConfig:
+    if interpreting():
+        return AttentionConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    if D <= 64:
+        return AttentionConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def default_decode_config(B: int, HK: int, S: int, D: int) -> AttentionConfig:
+    if interpreting():
+        return AttentionConfig(block_n=16, num_warps=4, num_stages=1, splits=3)
+    return AttentionConfig(block_n=64, num_warps=4, num_stages=3)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def attention_prefill(q, k, v, out, perm, counts, lengths, gsize: int, causal: bool, scale: float,
+                      config: AttentionConfig) -> torch.Tensor:
+    """Routed prefill attention.
+
+    Args:
+        q: ``[B, T, Hq, D]``; k, v: ``[B, S, Hk, D]`` (any strides); out: ``[B, T, Hq, D]``, fully written.
+        perm: ``[B, G_count, T]`` int32 per-row token permutation (active first); counts: ``[B, G_count]``.
+        lengths: ``[B]`` int32 valid KV length per row, or ``None``.
+        gsize: query heads per routing group.
+    """
+    B, T, HQ, D = q.shape
+    S, HK = k.shape[1], k.shape[2]
+    qpk = HQ // HK
+    hu = min(gsize, qpk)
+    cfg = config
+    if cfg.block_m % hu:
+        raise ValueError(f"block_m={cfg.block_m} must be a multiple of the heads per unit {hu}")
+    n_units = HQ // hu
+    tile_t = cfg.block_m // hu
+    grid = (B * n_units, triton.cdiv(T, tile_t))
+    _prefill_kernel[grid](
+        q, k, v, out, perm, counts, lengths if lengths is not None else counts,
+        T, S, scale * LOG2E, n_units,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        perm.stride(0), perm.stride(1), counts.stride(0), counts.stride(1),
+        HU=hu, QPK=qpk, GSIZE=gsize, CAUSAL=causal, HAS_LEN=lengths is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_D=D,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def decode_splits(B: int, HK: int, S: int, block_n: int, device: torch.device) -> int:
+    """Splits of the key axis so that about four programs per SM exist when half the heads run."""
+    want = triton.cdiv(8 * _sm_count(device), B * HK)
+    return max(1, min(want, triton.cdiv(S, block_n), 256))
+
+
+def attention_decode(q, k, v, out, mask, lengths, gsize: int, scale: float, config: AttentionConfig,
+                     workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Routed decode attention (one query per row).
+
+    Args:
+        q: ``[B, 1, Hq, D]``; k, v: ``[B, S, Hk, D]`` (any strides); out: ``[B, 1, Hq, D]``, fully written.
+        mask: ``[B, G_count]`` uint8 view of the bool head-group mask.
+        lengths: ``[B]`` int32 valid KV length per row (right-padded cache) or ``None`` (all ``S``).
+    """
+    B, _, HQ, D = q.shape
+    S, HK = k.shape[1], k.shape[2]
+    qpk = HQ // HK
+    cfg = config
+    splits = cfg.splits or decode_splits(B, HK, S, cfg.block_n, q.device)
+    chunk = triton.cdiv(triton.cdiv(S, splits), cfg.block_n) * cfg.block_n
+    splits = triton.cdiv(S, chunk)
+    if workspace is None:
+        ws_o = torch.empty(B * HQ * splits * D, device=q.device, dtype=torch.float32)
+        ws_ml = torch.empty(B * HQ * splits * 2, device=q.device, dtype=torch.float32)
+    else:
+        ws_o, ws_ml = workspace
+    lens = lengths if lengths is not None else mask
+    qb = max(16, triton.next_power_of_2(qpk))
+    _decode_split_kernel[(splits, B * HK)](
+        q, k, v, mask, lens, ws_o, ws_ml,
+        S, chunk, scale * LOG2E, HQ, HK, splits,
+        q.stride(0), q.stride(2), q.stride(3), *k.stride(), *v.stride(), mask.stride(0), mask.stride(1),
+        QPK=qpk, GSIZE=gsize, HAS_LEN=lengths is not None, QB=qb, BLOCK_N=cfg.block_n, HEAD_D=D,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    _decode_reduce_kernel[(B * HQ,)](
+        ws_o, ws_ml, mask, lens, out,
+        S, chunk, HQ, splits, mask.stride(0), mask.stride(1), out.stride(0), out.stride(2), out.stride(3),
+        GSIZE=gsize, HAS_LEN=lengths is not None, SPLITS_P2=max(2, triton.next_power_of_2(splits)),
+        HEAD_D=D, num_warps=4,
+    )
+    return out
+
+
+def default_scale(D: int) -> float:
+    return 1.0 / math.sqrt(D)

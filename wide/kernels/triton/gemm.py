@@ -1,0 +1,432 @@
+"""Routed GEMM kernels (Triton): output-width (`gemm_mn`, fused SwiGLU) and reduction-width (`gemm_k`).
+
+Three layers (STYLE.md): ``@triton.jit`` kernels -> host functions below (shapes, grid, strides,
+configs) -> the ``triton`` backend in `wide.kernels.backends.triton_backend`. Nothing else launches these.
+
+Kernels
+- ``_gemm_mn_perm_kernel`` (large M): grid over (token tile of a group's *permuted* active list, N tile
+  inside one group). A tile reads its x rows indirectly through the plan's permutation, so it only
+  loads active rows; tiles past the group's count skip the K loop and only write zeros (the output
+  rows they cover are the group's inactive tokens). Every output element is written exactly once.
+- ``_gemm_mn_direct_kernel`` (small M, GEMV/skinny GEMM): grid over N tiles x token tiles in natural
+  order; a tile whose groups no token executes skips reading the weights (the bytes win at M=1);
+  otherwise it behaves like a dense skinny GEMM and zeroes masked outputs in the epilogue.
+- ``_gemm_k_kernel``: grid over (N tile, token tile, K split); loops over the groups some token needs
+  (the plan's compacted list), loading x rows masked by the token's decision for the group (inactive
+  rows are neither read nor counted). Split-K partials go to an fp32 workspace and are summed in a
+  fixed order by ``_splitk_reduce_kernel`` (deterministic: no atomics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+ACTIVATIONS = {None: 0, "silu": 1, "gelu": 2, "relu": 3}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Launch configuration for one routed GEMM call (tests pass tiny ones; defaults are tuned)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    split_k: int = 1
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr):
+    if ACT == 1:
+        x = x * tl.sigmoid(x)
+    elif ACT == 2:
+        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == 3:
+        x = tl.maximum(x, 0.0)
+    return x
+
+
+@triton.jit
+def _gemm_mn_perm_kernel(
+    x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, perm_ptr, cnt_ptr,
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_w2n, stride_w2k, stride_om, stride_on,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = N // BLOCK_N
+    # grouped ordering: consecutive programs share token tiles (x rows of similar ranges) for L2 reuse
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    n0 = pid_n * BLOCK_N
+    g = n0 // GROUP
+    cnt = tl.load(cnt_ptr + g)
+    offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid = offs < M
+    active = offs < cnt
+    tok = tl.load(perm_ptr + g * M + offs, mask=valid, other=0).to(tl.int64)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if pid_m * BLOCK_M < cnt:
+        x_ptrs = x_ptr + tok[:, None] * stride_xm + rk[None, :] * stride_xk
+        w_ptrs = w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk
+        w2_ptrs = w2_ptr + rn[None, :] * stride_w2n + rk[:, None] * stride_w2k
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(x_ptrs, mask=active[:, None], other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                kin = rk < K - k * BLOCK_K
+                a = tl.load(x_ptrs, mask=active[:, None] & kin[None, :], other=0.0)
+                b = tl.load(w_ptrs, mask=kin[:, None], other=0.0)
+            acc = tl.dot(a, b, acc)
+            if SWIGLU:
+                if EVEN_K:
+                    b2 = tl.load(w2_ptrs)
+                else:
+                    b2 = tl.load(w2_ptrs, mask=kin[:, None], other=0.0)
+                acc2 = tl.dot(a, b2, acc2)
+                w2_ptrs += BLOCK_K * stride_w2k
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc2
+    else:
+        acc = _activation(acc, ACT)
+    acc = tl.where(active[:, None], acc, 0.0)
+    out_ptrs = out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _gemm_mn_direct_kernel(
+    x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, mask_ptr,
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_w2n, stride_w2k, stride_om, stride_on,
+    stride_mm, stride_mg,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mvalid = rm < M
+    rm64 = rm.to(tl.int64)
+    keep = tl.load(mask_ptr + rm64[:, None] * stride_mm + (rn // GROUP)[None, :] * stride_mg,
+                   mask=mvalid[:, None], other=0) != 0
+    needed = tl.max(tl.max(keep.to(tl.int32), axis=1), axis=0) > 0
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if needed:
+        if BLOCK_M == 1:
+            # GEMV: elementwise products reduced once at the end keep the weight stream simple
+            part = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            part2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            x_ptrs = x_ptr + rm64 * stride_xm + rk * stride_xk
+            w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk
+            w2_ptrs = w2_ptr + rn[:, None] * stride_w2n + rk[None, :] * stride_w2k
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                    b = tl.load(w_ptrs)
+                else:
+                    kin = rk < K - k * BLOCK_K
+                    a = tl.load(x_ptrs, mask=kin, other=0.0)
+                    b = tl.load(w_ptrs, mask=kin[None, :], other=0.0)
+                part += b.to(tl.float32) * a.to(tl.float32)[None, :]
+                if SWIGLU:
+                    if EVEN_K:
+                        b2 = tl.load(w2_ptrs)
+                    else:
+                        b2 = tl.load(w2_ptrs, mask=kin[None, :], other=0.0)
+                    part2 += b2.to(tl.float32) * a.to(tl.float32)[None, :]
+                    w2_ptrs += BLOCK_K * stride_w2k
+                x_ptrs += BLOCK_K * stride_xk
+                w_ptrs += BLOCK_K * stride_wk
+            acc = tl.expand_dims(tl.sum(part, axis=1), 0)
+            acc2 = tl.expand_dims(tl.sum(part2, axis=1), 0)
+        else:
+            x_ptrs = x_ptr + rm64[:, None] * stride_xm + rk[None, :] * stride_xk
+            w_ptrs = w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk
+            w2_ptrs = w2_ptr + rn[None, :] * stride_w2n + rk[:, None] * stride_w2k
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                if EVEN_K:
+                    a = tl.load(x_ptrs, mask=mvalid[:, None], other=0.0)
+                    b = tl.load(w_ptrs)
+                else:
+                    kin = rk < K - k * BLOCK_K
+                    a = tl.load(x_ptrs, mask=mvalid[:, None] & kin[None, :], other=0.0)
+                    b = tl.load(w_ptrs, mask=kin[:, None], other=0.0)
+                acc = tl.dot(a, b, acc)
+                if SWIGLU:
+                    if EVEN_K:
+                        b2 = tl.load(w2_ptrs)
+                    else:
+                        b2 = tl.load(w2_ptrs, mask=kin[:, None], other=0.0)
+                    acc2 = tl.dot(a, b2, acc2)
+                    w2_ptrs += BLOCK_K * stride_w2k
+                x_ptrs += BLOCK_K * stride_xk
+                w_ptrs += BLOCK_K * stride_wk
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc2
+    else:
+        acc = _activation(acc, ACT)
+    acc = tl.where(keep, acc, 0.0)
+    out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None])
+
+
+@triton.jit
+def _gemm_k_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, mask_ptr, glist_ptr, nlist_ptr,
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group
+    n_list = tl.load(nlist_ptr)
+    per = tl.cdiv(n_list, SPLIT)
+    g_lo = pid_s * per
+    g_hi = tl.minimum(g_lo + per, n_list)
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mvalid = rm < M
+    nvalid = rn < N
+    rm64 = rm.to(tl.int64)
+    if BLOCK_M == 1:
+        part = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(g_lo * CPG, g_hi * CPG):
+        g = tl.load(glist_ptr + i // CPG)
+        kk = g * GROUP + (i % CPG) * BLOCK_K + rk
+        use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
+        b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn, mask=nvalid[None, :], other=0.0)
+        if BLOCK_M == 1:
+            a = tl.load(x_ptr + rm64 * stride_xm + kk * stride_xk, mask=use, other=0.0)
+            part += a.to(tl.float32)[:, None] * b.to(tl.float32)
+        else:
+            # rows whose token skips this group are neither loaded nor counted
+            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=use[:, None], other=0.0)
+            acc = tl.dot(a, b, acc)
+    if BLOCK_M == 1:
+        acc = tl.expand_dims(tl.sum(part, axis=0), 0)
+
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None] & nvalid[None, :])
+    else:
+        ws_ptrs = ws_ptr + pid_s * M * N + rm64[:, None] * N + rn[None, :]
+        tl.store(ws_ptrs, acc, mask=mvalid[:, None] & nvalid[None, :])
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
+                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):  # fixed order: deterministic
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=valid, other=0.0)
+    m = offs // N
+    n = offs % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=valid, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+# --------------------------------------------------------------------------------------------------
+# configs (Hopper defaults; tiny blocks under the interpreter)
+# --------------------------------------------------------------------------------------------------
+
+# M at or below which gemm_mn uses the direct (GEMV / skinny) kernel instead of the permuted one
+DIRECT_MAX_M = 64
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two dividing ``n`` and not above ``cap``."""
+    d = 1
+    while d * 2 <= cap and n % (d * 2) == 0:
+        d *= 2
+    return d
+
+
+def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple[str, GemmConfig]:
+    """(kernel, config) for gemm_mn / SwiGLU: ``"direct"`` for small M, else ``"perm"``."""
+    if interpreting():
+        if M <= 16:
+            return "direct", GemmConfig(1 if M == 1 else 16, 16, 16)
+        return "perm", GemmConfig(16, _pow2_divisor(group, 16), 16)
+    if M <= DIRECT_MAX_M:
+        if M == 1:
+            return "direct", GemmConfig(1, 16, 256, num_warps=4, num_stages=4)
+        return "direct", GemmConfig(16 if M <= 16 else 32 if M <= 32 else 64,
+                                    _pow2_divisor(N, 64), 128, num_warps=4, num_stages=4)
+    bn = _pow2_divisor(group, 64 if swiglu else 128)
+    bm = 64 if M <= 256 else 128
+    return "perm", GemmConfig(bm, bn, 64, num_warps=8 if bm == 128 else 4, num_stages=4 if swiglu else 4)
+
+
+def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
+    if interpreting():
+        return GemmConfig(1 if M == 1 else 16, 16, _pow2_divisor(group, 16))
+    bk = _pow2_divisor(group, 128)
+    if M == 1:
+        return GemmConfig(1, 32, bk, num_warps=4, num_stages=4)
+    if M <= 32:
+        return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=2)
+    if M <= 256:
+        return GemmConfig(64, 64, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=2)
+    return GemmConfig(128, 128, _pow2_divisor(group, 64), num_warps=8, num_stages=4)
+
+
+# --------------------------------------------------------------------------------------------------
+# host functions
+# --------------------------------------------------------------------------------------------------
+
+
+def gemm_mn_perm(x, weight, weight2, bias, out, perm, counts, group: int, act: int, swiglu: bool,
+                 config: GemmConfig) -> torch.Tensor:
+    """Large-M routed output-width GEMM over the plan's permuted active tokens.
+
+    Args:
+        x: ``[M, K]``.
+        weight: ``[N, K]`` (gate rows when ``swiglu``); weight2: ``[N, K]`` up rows or ``None``.
+        bias: ``[N]`` or ``None``.
+        out: ``[M, N]``, fully written.
+        perm: ``[G_count, M]`` int32 token permutation (active first); counts: ``[G_count]`` int32.
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    if group % cfg.block_n:
+        raise ValueError(f"block_n={cfg.block_n} must divide the group size {group}")
+    w2 = weight2 if weight2 is not None else weight
+    grid = (triton.cdiv(M, cfg.block_m) * (N // cfg.block_n),)
+    _gemm_mn_perm_kernel[grid](
+        x, weight, w2, bias if bias is not None else weight, out, perm, counts,
+        M, N, K,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), w2.stride(0), w2.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def gemm_mn_direct(x, weight, weight2, bias, out, mask, group: int, act: int, swiglu: bool,
+                   config: GemmConfig) -> torch.Tensor:
+    """Small-M routed output-width GEMM; ``mask`` is ``[M, G_count]`` (uint8 view of the bool mask)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    if N % cfg.block_n:
+        raise ValueError(f"block_n={cfg.block_n} must divide N={N}")
+    if cfg.block_m == 1 and M != 1:
+        raise ValueError("block_m=1 (GEMV) needs M == 1")
+    w2 = weight2 if weight2 is not None else weight
+    grid = (N // cfg.block_n, triton.cdiv(M, cfg.block_m))
+    _gemm_mn_direct_kernel[grid](
+        x, weight, w2, bias if bias is not None else weight, out, mask,
+        M, N, K,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), w2.stride(0), w2.stride(1),
+        out.stride(0), out.stride(1), mask.stride(0), mask.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmConfig,
+           workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed reduction-width GEMM: ``out = (x * mask expanded) @ weight^T (+ bias)``.
+
+    Args:
+        x: ``[M, K]``; weight: ``[N, K]``; bias: ``[N]`` or ``None``; out: ``[M, N]``.
+        mask: ``[M, G_count]`` uint8 view of the bool mask.
+        glist: ``[G_count]`` int32 groups to visit first (the plan's needed-groups order);
+        nlist: ``[1]`` int32, how many of them to visit.
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    if group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group}")
+    if cfg.block_m == 1 and M != 1:
+        raise ValueError("block_m=1 (GEMV) needs M == 1")
+    split = max(1, cfg.split_k)
+    if split > 1:
+        if workspace is None or workspace.numel() < split * M * N:
+            workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
+    else:
+        workspace = out
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), split)
+    _gemm_k_kernel[grid](
+        x, weight, bias if bias is not None else weight, out, workspace, mask, glist, nlist,
+        M, N, K,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        mask.stride(0), mask.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        block = 1024
+        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
+            workspace, bias if bias is not None else weight, out, M, N, out.stride(0), out.stride(1),
+            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
