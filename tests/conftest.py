@@ -26,3 +26,45 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
 @pytest.fixture(params=["llama", "qwen2", "qwen3"])
 def arch(request):
     return request.param
+
+
+TINY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. A routed model skips some heads and channels for each token. "
+    "Lightning trains the routers while the backbone stays frozen. Perplexity measures how surprised a model is. "
+)
+
+
+def build_tiny_tokenizer(path):
+    """A byte-level BPE tokenizer trained offline on a few sentences, saved as an HF folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=96, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:64], show_progress=False)
+    tok.train_from_iterator([TINY_TEXT] * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                   model_max_length=256)
+    fast.save_pretrained(path)
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny random Llama with a matching tokenizer: a stand-in for a real model folder."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tiny_tokenizer(path)
+    model = tiny_model("llama", vocab_size=max(96, len(tok)), num_hidden_layers=2)
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A small local .txt corpus (blank-line separated documents)."""
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    docs = [f"Document {i}. " + TINY_TEXT * (1 + i % 3) for i in range(40)]
+    path.write_text("\n\n".join(docs))
+    return str(path)

@@ -16,6 +16,8 @@ from lightning.pytorch.cli import LightningCLI
 # name -> "module:function" taking argv; imported lazily so `wide fit` does not pay for them
 SUBCOMMANDS: dict[str, str] = {
     "assets": "wide.assets:assets_main",
+    "eval": "wide.eval.cli:eval_main",
+    "grid": "wide.grid:grid_main",
 }
 
 TRAINER_DEFAULTS = {
@@ -38,6 +40,24 @@ class WideCLI(LightningCLI):
         parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
         parser.link_arguments("model.init_args.model", "data.tokenizer")
 
+    def _align_logger_versions(self) -> None:
+        # TensorBoard and CSV loggers pick their versions independently; make the CSV files land in
+        # the same run folder as the TensorBoard events, the routers and the heatmaps
+        loggers = self.trainer.loggers
+        if len(loggers) > 1 and hasattr(loggers[0], "version"):
+            for other in loggers[1:]:
+                if hasattr(other, "_version") and getattr(other, "_experiment", None) is None:
+                    other._version = loggers[0].version
+
+    def before_fit(self) -> None:
+        self._align_logger_versions()
+
+    def before_validate(self) -> None:
+        self._align_logger_versions()
+
+    def before_test(self) -> None:
+        self._align_logger_versions()
+
 
 def run_cli(args: Optional[list[str]] = None, run: bool = True) -> WideCLI:
     from wide.data import TextDataModule
@@ -50,6 +70,7 @@ def run_cli(args: Optional[list[str]] = None, run: bool = True) -> WideCLI:
         parser_kwargs={"parser_mode": "omegaconf"},
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
+        seed_everything_default=17,
         args=args,
         run=run,
     )

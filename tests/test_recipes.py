@@ -1,0 +1,142 @@
+"""Every shipped recipe parses and runs (fast_dev_run) on a tiny model; plug-ins and checkpoints behave."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import wide
+from wide.checkpoint import load_trained, read_metadata
+from wide.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "ablations" not in p.parts)
+
+
+class ConstRouter(wide.Router):
+    """A user router defined outside the package, picked by class_path from YAML."""
+
+    def __init__(self, spec, bias: float = 0.0):
+        super().__init__(spec)
+        self.bias = bias
+        self.logits = torch.nn.Parameter(torch.zeros(spec.num_groups, 2))
+
+    def forward(self, hidden):
+        out = self.logits.expand(*hidden.shape[:-1], -1, -1).clone()
+        out[..., 0] = out[..., 0] + self.bias
+        return out
+
+
+def tiny_args(tmp_path, model_dir, corpus, *extra):
+    return [
+        "--model.init_args.model", model_dir,
+        "--data.source", corpus, "--data.seq_len", "32", "--data.batch_size", "2",
+        "--data.max_val_tokens", "256",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
+        "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger", "false",
+        "--wide_checkpoint.dirpath", str(tmp_path / "wide"),
+        *extra,
+    ]
+
+
+def tiny_routing(recipe_text: str):
+    if "RouterCalibration" in recipe_text:
+        return ["--model.init_args.routing.attn_group_size", "2", "--model.init_args.routing.ffn_group_size", "32"]
+    return []
+
+
+@pytest.fixture(scope="module")
+def stage1(tmp_path_factory, tiny_model_dir, tiny_corpus):
+    out = tmp_path_factory.mktemp("stage1")
+    recipe = ROOT / "recipes/smollm2-135m/calibrate.yaml"
+    main(["fit", "--config", str(recipe), *tiny_args(out, tiny_model_dir, tiny_corpus),
+          *tiny_routing(recipe.read_text()), "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+          "--trainer.val_check_interval", "3"])
+    path = out / "wide" / "routers.safetensors"
+    assert path.is_file()
+    return path
+
+
+def test_recipes_exist():
+    names = {str(p.relative_to(ROOT / "recipes")) for p in RECIPES}
+    for expected in ["smollm2-135m/calibrate.yaml", "smollm2-135m/lora.yaml", "qwen2.5-1.5b/calibrate.yaml",
+                     "qwen2.5-1.5b/lora.yaml", "llama-3.1-8b/calibrate.yaml", "llama-3.1-8b/lora.yaml",
+                     "qwen3-8b/calibrate.yaml"]:
+        assert expected in names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(ROOT / "recipes")) for p in RECIPES])
+def test_recipe_runs_on_tiny_model(recipe, tmp_path, tiny_model_dir, tiny_corpus, stage1):
+    text = recipe.read_text()
+    assert text.startswith("#") and "Command:" in text, "recipes open with a comment: purpose, hardware, command"
+    extra = tiny_routing(text)
+    if "LoRARecovery" in text:
+        extra += ["--model.init_args.router_checkpoint", str(stage1), "--model.init_args.gradient_checkpointing", "false"]
+    main(["fit", "--config", str(recipe), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
+          "--trainer.fast_dev_run", "1", *extra])
+    out = tmp_path / "wide" / "routers.safetensors"
+    assert out.is_file()
+    meta = read_metadata(out)
+    assert meta["stage"] == ("lora" if "LoRARecovery" in text else "calibrate")
+
+
+def test_stage1_checkpoint_holds_only_routers_and_identity(stage1, tiny_model_dir):
+    from safetensors import safe_open
+
+    with safe_open(str(stage1), framework="pt") as f:
+        keys = list(f.keys())
+    assert keys and all(".wide.routers." in k for k in keys)
+    meta = read_metadata(stage1)
+    assert meta["wide_config"].ffn_group_size == 32 and meta["base_model"]["model_type"] == "llama"
+
+
+def test_stage2_trains_lora_from_stage1(stage1, tmp_path, tiny_model_dir, tiny_corpus):
+    recipe = ROOT / "recipes/smollm2-135m/lora.yaml"
+    main(["fit", "--config", str(recipe), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
+          "--model.init_args.router_checkpoint", str(stage1), "--trainer.max_steps", "2",
+          "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"])
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "wide" / "routers.safetensors"), framework="pt") as f:
+        keys = list(f.keys())
+        lora_b = [f.get_tensor(k) for k in keys if "lora_B" in k]
+    assert any("lora_A" in k for k in keys) and any(".wide.routers." in k for k in keys)
+    assert any(t.abs().sum() > 0 for t in lora_b), "LoRA B moved away from its zero init"
+
+
+def test_custom_router_by_class_path_trains(tmp_path, tiny_model_dir, tiny_corpus):
+    cfg = tmp_path / "custom.yaml"
+    cfg.write_text(
+        "model:\n"
+        "  class_path: wide.tasks.RouterCalibration\n"
+        "  init_args:\n"
+        "    routing:\n"
+        "      ffn_group_size: 32\n"
+        "      attn_group_size: 2\n"
+        "      router:\n"
+        "        class_path: tests.test_recipes.ConstRouter\n"
+        "        init_args: {bias: 0.5}\n"
+    )
+    main(["fit", "--config", str(cfg), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus), "--trainer.max_steps", "2",
+          "--trainer.limit_val_batches", "0"])
+    meta = read_metadata(tmp_path / "wide" / "routers.safetensors")
+    assert meta["wide_config"].router.__name__ == "ConstRouter" if hasattr(meta["wide_config"].router, "__name__") else True
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "wide" / "routers.safetensors"), framework="pt") as f:
+        logits = [f.get_tensor(k) for k in f.keys() if k.endswith("logits")]
+    assert logits and any(t.abs().sum() > 0 for t in logits), "the custom router's parameters trained"
+
+
+def test_checkpoint_refuses_other_model(stage1):
+    from tests.conftest import tiny_model
+
+    other = tiny_model("llama", num_hidden_layers=2, seed=5)  # same shapes, other weights
+    wide.apply_wide(other, read_metadata(stage1)["wide_config"])
+    with pytest.raises(ValueError, match="checkpoint: made for another model"):
+        load_trained(other, stage1)
+    bigger = tiny_model("llama", num_hidden_layers=3)
+    wide.apply_wide(bigger, read_metadata(stage1)["wide_config"])
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        load_trained(bigger, stage1)
