@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
 from wide.routers.base import Router, RouterSpec
@@ -92,16 +92,19 @@ class WideConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict; a callable router is stored by its import path."""
-        out = asdict(self)
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["dense_layers"] = list(self.dense_layers)
         if not isinstance(self.router, str):
-            out["router"] = _qualname(self.router)
+            out["router"] = _router_to_json(self.router)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WideConfig":
         data = dict(data)
         router = data.get("router")
-        if isinstance(router, str) and "." in router and ":" not in router:
+        if isinstance(router, dict):
+            data["router"] = _router_from_json(router)
+        elif isinstance(router, str) and "." in router:
             from wide.routers import ROUTERS
 
             if router not in ROUTERS:
@@ -117,12 +120,23 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _qualname(obj: Any) -> str:
+def _router_to_json(router: Any) -> Any:
+    """A callable router as ``{"class_path", "init_args"}`` (partials keep their keyword arguments)."""
     import functools
 
-    if isinstance(obj, functools.partial):
-        obj = obj.func
-    return f"{obj.__module__}.{obj.__qualname__}"
+    init_args = {}
+    if isinstance(router, functools.partial):
+        init_args = dict(router.keywords)
+        # jsonargparse wraps the class: partial(instantiate_helper, instantiator, cls, **init_args)
+        router = next((a for a in reversed(router.args) if isinstance(a, type)), router.func)
+    return {"class_path": f"{router.__module__}.{router.__qualname__}", "init_args": init_args}
+
+
+def _router_from_json(data: dict[str, Any]) -> Any:
+    import functools
+
+    cls = _import(data["class_path"])
+    return functools.partial(cls, **data.get("init_args", {})) if data.get("init_args") else cls
 
 
 def _import(path: str) -> Any:
