@@ -28,7 +28,7 @@ asset               GGUF quant  params       folder     fetch+build  PPL default
 smollm2-135m        Q4_1        134.5 M      0.54 GB    ~25 s        22.77         42.4
 qwen2.5-coder-0.5b  Q5_0/Q4_K   630.2 M      2.5 GB     ~1 min       --            62.8
 qwen2.5-coder-1.5b  Q4_K_M      1,777 M      7.1 GB     ~2 min       --            37.1
-gemma3-270m         Q4_K_M      268.1 M      1.1 GB     ~1.5 min     --            83.2
+gemma3-270m         Q4_K_M      268.1 M      1.1 GB     ~1.5 min     31.59         83.2
 ==================  ==========  ===========  =========  ===========  ============  =============
 
 SmolLM2-135M here is the Q4_1 GGUF dequantized (22.77); the bf16 original measured ~20.9 on a
