@@ -26,10 +26,37 @@ def _base_function(module, base: str):
     return ALL_ATTENTION_FUNCTIONS[base]
 
 
+def _kernel_ok(module, attention_mask, kwargs) -> bool:
+    # the fused kernels handle plain causal attention over a complete cache; padding masks, sliding
+    # windows, soft-capping and attention dropout take the reference path
+    return (
+        attention_mask is None
+        and kwargs.get("sliding_window") is None
+        and kwargs.get("softcap") is None
+        and not kwargs.get("dropout")
+        and not kwargs.get("output_attentions")
+    )
+
+
+def _kernel_attention(layer, query, key, value, scaling):
+    from wide import kernels
+
+    mask, plan = layer.kernel_mask("attn")
+    q = query.transpose(1, 2)  # [B, T, Hq, D] views of HF's [B, H, T, D]: no copies
+    k = key.transpose(1, 2)
+    v = value.transpose(1, 2)
+    if q.shape[1] == 1:
+        return kernels.attention_decode(q, k, v, mask, scale=scaling, backend=layer.backend)
+    return kernels.attention_prefill(q, k, v, mask, causal=True, scale=scaling, plan=plan, backend=layer.backend)
+
+
 def _make(base: str):
     def routed_attention(module, query, key, value, attention_mask, **kwargs):
-        out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
         layer = getattr(module, "_wide_layer", None)
+        if layer is not None and layer.head_mask is not None and layer.use_kernels() and _kernel_ok(
+                module, attention_mask, kwargs):
+            return _kernel_attention(layer, query, key, value, kwargs.get("scaling")), None
+        out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
         if layer is not None and layer.head_mask is not None:
             out = mask_heads(out, layer.head_mask)
         return out, weights

@@ -30,6 +30,10 @@ class WideLayer(nn.Module):
         self.head_mask: Optional[torch.Tensor] = None
         self.ffn_mask: Optional[torch.Tensor] = None
         self.forced: dict[str, torch.Tensor] = {}
+        self.kernels_enabled = False
+        self.backend = "auto"
+        self._kernel_masks: dict[str, tuple] = {}
+        self._coherent: dict[str, dict] = {}
 
     def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
         if kind in self.forced:
@@ -37,14 +41,32 @@ class WideLayer(nn.Module):
             return mask.expand(*residual.shape[:2], self.slots[kind].num_groups)
         router = self.routers[kind]
         logits = router(residual)
+        coherent = self.runtime.coherent
+        if coherent is not None and not self.training and residual.shape[1] == 1:
+            return coherent.select(self._coherent.setdefault(kind, {}), logits, router.spec.target_sparsity)
         return self.policy.decide(
             logits, tau=self.runtime.tau, training=self.training, deterministic=getattr(router, "deterministic", False)
         )
+
+    def kernel_mask(self, kind: str):
+        """``(bool mask [B, T, G], RoutingPlan)`` of the current forward, built once and shared by paired ops."""
+        if kind not in self._kernel_masks:
+            from wide.kernels import make_plan
+
+            mask = self.group_mask[kind] > 0.5
+            self._kernel_masks[kind] = (mask, make_plan(mask))
+        return self._kernel_masks[kind]
+
+    def use_kernels(self) -> bool:
+        return self.kernels_enabled and not self.training
 
     def route_attention(self, residual: torch.Tensor) -> None:
         """Called with the pre-attention-norm residual ``[B, T, D]``."""
         self.head_mask = self.ffn_mask = None
         self.group_mask = {}
+        self._kernel_masks = {}
+        if residual.shape[1] > 1:
+            self._coherent = {}  # a prefill starts a new sequence: forget the decode-time selection
         if "layer" in self.slots:
             mask = self._decide("layer", residual)  # [B, T, 1]
             self.group_mask = {"attn": mask, "ffn": mask}
@@ -69,6 +91,7 @@ class WideLayer(nn.Module):
 
     def clear(self) -> None:
         self.group_mask, self.head_mask, self.ffn_mask = {}, None, None
+        self._kernel_masks = {}
 
 
 def mask_heads(out: torch.Tensor, head_mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -49,12 +49,58 @@ class SparsityStats:
 
 
 @dataclass
+class CoherentDecode:
+    """Batch-coherent decode routing: every row of a decode step runs the same groups.
+
+    With independent per-token masks a weight group must be read when *any* row needs it, so GEMV
+    savings vanish at batch > 1. In eval-mode decode steps (one new token per row) this replaces the
+    per-token argmax by a shared top-k: each group's execute probability is averaged over the batch,
+    folded into an exponential moving average (the activation memory, so groups that keep recurring
+    stay selected), and the ``ceil((1 - target) * G)`` best groups are selected for all rows. The
+    selection is refreshed every ``refresh_every`` decode steps and kept in between. Prefill keeps
+    per-token routing.
+
+    Args:
+        refresh_every: Decode steps between selections (1: every step).
+        memory: EMA decay of the per-group score (0: no memory).
+    """
+
+    refresh_every: int = 1
+    memory: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.refresh_every, int) and self.refresh_every >= 1):
+            raise ValueError(f"refresh_every: must be an integer >= 1, got {self.refresh_every!r}")
+        if not 0.0 <= self.memory < 1.0:
+            raise ValueError(f"memory: must be in [0, 1), got {self.memory!r}")
+
+    def select(self, state: dict, logits: torch.Tensor, target: float) -> torch.Tensor:
+        """``logits [B, 1, G, 2]`` -> the shared execute mask ``[B, 1, G]`` (float)."""
+        import math
+
+        prob = logits.float().softmax(-1)[..., 0].mean(dim=(0, 1))  # [G]
+        ema = state.get("ema")
+        ema = prob if ema is None else self.memory * ema + (1 - self.memory) * prob
+        state["ema"] = ema
+        step = state.get("step", 0)
+        if "selection" not in state or step % self.refresh_every == 0 or state["selection"].shape != ema.shape:
+            g = ema.shape[0]
+            keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
+            sel = torch.zeros(g, dtype=torch.float32, device=ema.device)
+            sel[ema.topk(keep).indices] = 1.0
+            state["selection"] = sel
+        state["step"] = step + 1
+        return state["selection"].expand(logits.shape[0], logits.shape[1], -1)
+
+
+@dataclass
 class WideRuntime:
     """Mutable routing state shared by all routed layers of one model."""
 
     tau: float = 1.0
     valid: Optional[torch.Tensor] = None
     layers: list = field(default_factory=list)
+    coherent: Optional[CoherentDecode] = None
     _records: dict = field(default_factory=dict)
 
     def begin_forward(self, valid: Optional[torch.Tensor]) -> None:

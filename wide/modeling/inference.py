@@ -1,0 +1,213 @@
+"""Routed inference: run eval-mode forwards through `wide.kernels`, merge LoRA, export and reload.
+
+``enable_kernels(model)`` turns the reference path (dense compute, masked outputs) into routed
+execution. Per routed layer it:
+
+- replaces ``q_proj`` by an output-width routed linear (``gemm_mn``: skipped head groups are never
+  computed) and ``o_proj`` by a reduction-width routed linear (``gemm_k``);
+- runs attention through ``attention_prefill`` / ``attention_decode`` for the active head groups
+  (plain causal attention over a complete cache; padded batches, sliding windows and soft-capping
+  keep the reference path);
+- replaces the MLP by one that runs ``swiglu`` (gate and up under one mask, one pass over x) and
+  ``gemm_k`` for ``down_proj`` (SiLU-gated MLPs; others keep the reference path).
+
+One routing plan per layer and kind is built once per forward and shared by the paired ops. K/V
+projections stay dense, so HF caches (dynamic or static) work unchanged. State-dict keys do not
+change. The kernels run only in eval mode: training always uses the autograd reference path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wide.modeling.architectures import ArchSpec, get_path
+from wide.modeling.layer import MaskedActivation, WideLayer
+from wide.modeling.wrap import runtime_of
+
+
+class RoutedLinear(nn.Module):
+    """A linear layer whose eval-mode forward is a routed kernel; same ``weight``/``bias`` parameters.
+
+    Args:
+        linear: The ``nn.Linear`` to take the parameters from.
+        wide_layer: The layer whose current mask drives it.
+        kind: Router kind of the mask (``attn`` or ``ffn``).
+        mode: ``mn`` (output columns routed) or ``k`` (input columns routed).
+    """
+
+    def __init__(self, linear: nn.Linear, wide_layer: WideLayer, kind: str, mode: str):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kind, self.mode = kind, mode
+        object.__setattr__(self, "wide_layer", wide_layer)
+        object.__setattr__(self, "original", linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wl = self.wide_layer
+        if not wl.use_kernels() or self.kind not in wl.group_mask:
+            return F.linear(x, self.weight, self.bias)
+        from wide import kernels
+
+        mask, plan = wl.kernel_mask(self.kind)
+        op = kernels.gemm_mn if self.mode == "mn" else kernels.gemm_k
+        return op(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, kind={self.kind}, mode={self.mode}"
+
+
+class RoutedMLP(nn.Module):
+    """A gated MLP whose eval-mode forward is ``gemm_k(swiglu(x, gate, up, mask), down, mask)``.
+
+    Holds the original children under their original names (state-dict keys unchanged).
+    """
+
+    def __init__(self, mlp: nn.Module, wide_layer: WideLayer, arch: ArchSpec):
+        super().__init__()
+        for name, child in mlp.named_children():
+            self.add_module(name, child)
+        self.names = (arch.gate_proj, arch.up_proj, arch.down_proj, arch.act)
+        object.__setattr__(self, "wide_layer", wide_layer)
+        object.__setattr__(self, "original", mlp)
+        gate, up, down, act = (getattr(self, n) for n in self.names)
+        inner = act.act if isinstance(act, MaskedActivation) else act
+        plain = all(type(m) is nn.Linear and m.bias is None for m in (gate, up, down))
+        silu = isinstance(inner, nn.SiLU) or type(inner).__name__ == "SiLUActivation"
+        self.fused = plain and silu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up, down, act = (getattr(self, n) for n in self.names)
+        wl = self.wide_layer
+        if self.fused and wl.use_kernels() and "ffn" in wl.group_mask:
+            from wide import kernels
+
+            mask, plan = wl.kernel_mask("ffn")
+            h = kernels.swiglu(x, gate.weight, up.weight, mask, plan=plan, backend=wl.backend)
+            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend)
+        return down(act(gate(x)) * up(x))
+
+
+def merge_lora(model: nn.Module) -> int:
+    """Merges peft LoRA adapters into their base linears and puts the plain linears back; returns the count."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return 0
+    merged = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, module.get_base_layer())
+            merged += 1
+    return merged
+
+
+def _routed_layers(model: nn.Module):
+    arch: ArchSpec = model.wide_arch
+    for layer in get_path(model, arch.layers):
+        wl = getattr(layer, "wide", None)
+        if wl is not None:
+            yield layer, wl, arch
+
+
+def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module:
+    """Runs eval-mode forwards of a routed model through ``wide.kernels`` (see the module docstring).
+
+    Args:
+        model: A model routed by ``apply_wide``; LoRA adapters, if any, are merged first.
+        backend: ``auto`` (triton on CUDA, torch elsewhere), ``torch``, ``gather`` or ``triton``;
+            ``None`` takes ``WideConfig.backend``.
+    """
+    runtime_of(model)
+    backend = backend or model.wide_config.backend
+    merge_lora(model)
+    for layer, wl, arch in _routed_layers(model):
+        wl.backend = backend
+        wl.kernels_enabled = True
+        attn = get_path(layer, arch.attn)
+        if "attn" in wl.slots or "layer" in wl.slots:  # the layer policy stores its mask under both kinds
+            for name, mode in ((arch.q_proj, "mn"), (arch.o_proj, "k")):
+                lin = getattr(attn, name)
+                if type(lin) is nn.Linear:
+                    setattr(attn, name, RoutedLinear(lin, wl, "attn", mode))
+        mlp = get_path(layer, arch.mlp)
+        if ("ffn" in wl.slots or "layer" in wl.slots) and not isinstance(mlp, RoutedMLP):
+            parent, _, attr = arch.mlp.rpartition(".")
+            setattr(get_path(layer, parent) if parent else layer, attr, RoutedMLP(mlp, wl, arch))
+    return model
+
+
+def set_kernels(model: nn.Module, enabled: bool) -> None:
+    """Switches kernel execution on or off without unwrapping (off: the reference path)."""
+    for _, wl, _ in _routed_layers(model):
+        wl.kernels_enabled = enabled
+
+
+def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.5) -> None:
+    """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``) or off (``None``)."""
+    from wide.modeling.runtime import CoherentDecode
+
+    rt = runtime_of(model)
+    rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory)
+    for wl in rt.layers:
+        wl._coherent = {}
+
+
+def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
+    """Saves a routed model as a folder that ``wide.load`` restores, ready for ``generate``.
+
+    LoRA adapters are merged into the base weights first. The folder holds the HF config and
+    weights (safetensors, router tensors excluded), ``routers.safetensors`` (routers + metadata:
+    WideConfig and the base model's identity) and the tokenizer when given.
+    """
+    from wide.checkpoint import save_trained
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    merge_lora(model)
+    state = {k: v for k, v in model.state_dict().items() if ".wide." not in f".{k}"}
+    model.save_pretrained(path, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    save_trained(model, path / "routers.safetensors", config=model.wide_config, stage="export")
+    (path / "wide.json").write_text(json.dumps({"wide_config": model.wide_config.to_dict()}, indent=2))
+    return path
+
+
+def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
+         kernels: bool = True, backend: Optional[str] = None) -> nn.Module:
+    """Restores a folder written by ``export`` onto its HF architecture: routed, eval mode, ready to generate.
+
+    Args:
+        path: The exported folder.
+        dtype: Weights dtype (default: as saved).
+        device: Where to put the model (default: CPU).
+        kernels: Route eval forwards through ``wide.kernels`` (``enable_kernels``).
+        backend: Kernel backend (default: the exported ``WideConfig.backend``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from wide.checkpoint import load_trained, read_metadata
+    from wide.modeling.wrap import apply_wide
+
+    path = Path(path)
+    meta = read_metadata(path / "routers.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+    if device is not None:
+        model.to(device)
+    apply_wide(model, meta["wide_config"])
+    load_trained(model, path / "routers.safetensors")
+    model.eval()
+    if kernels:
+        enable_kernels(model, backend)
+    return model
