@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 # name -> "module:function" taking argv; imported lazily so `wide fit` does not pay for them
 SUBCOMMANDS: dict[str, str] = {
     "assets": "wide.assets:assets_main",
+    "bench": "wide.bench:bench_main",
     "eval": "wide.eval.cli:eval_main",
     "grid": "wide.grid:grid_main",
 }

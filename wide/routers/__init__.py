@@ -5,6 +5,7 @@ from wide.routers.registry import ROUTERS, register_router
 from wide.routers.linear import LinearRouter
 from wide.routers.lowrank import LowRankRouter
 from wide.routers.mlp import MLPRouter
+from wide.routers.random import RandomRouter
 from wide.routers.static import StaticRouter
 from wide.routers.topk import TopKRouter
 
@@ -13,6 +14,7 @@ __all__ = [
     "LinearRouter",
     "LowRankRouter",
     "MLPRouter",
+    "RandomRouter",
     "Router",
     "RouterSpec",
     "StaticRouter",

@@ -1,0 +1,18 @@
+import json
+
+from wide.bench import bench_main
+
+
+def test_bench_runs_and_writes_json(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--prefill", "16", "--decode-batch", "1", "2", "--context", "8",
+                "--sparsity", "0", "0.5", "--coherent", "--iters", "1", "--ffn-group-size", "32",
+                "--attn-group-size", "2", "--dtype", "fp32", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["phase"], r["routing"]) for r in rows} == {("prefill", "per-token"), ("decode", "per-token"),
+                                                          ("decode", "coherent")}
+    assert len(rows) == 2 * (1 + 2 + 2)
+    assert all(r["dense_ms"] > 0 and r["routed_ms"] > 0 for r in rows)
+    half = [r for r in rows if r["phase"] == "prefill" and r["sparsity"] == 0.5][0]
+    assert 0.3 < half["realized"] < 0.7
+    assert "dense/routed" in capsys.readouterr().out

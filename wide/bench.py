@@ -1,0 +1,238 @@
+"""``wide bench``: end-to-end prefill latency and decode throughput, dense vs routed, in one run.
+
+Default model: a Llama-3.1-8B-shaped network (hidden 4096, FFN 14336, 32 q / 8 kv heads, 32 layers)
+with random bf16 weights; or ``--model`` for any local model / asset. Masks come from a trained
+checkpoint (``--checkpoint``) or are synthetic (``random`` routers at each ``--sparsity``).
+
+Prefill: batch 1, logits for the last token only. Decode: one new token per row after a ``--context``
+prompt. Decode runs under CUDA graphs on both sides when they can be captured (static cache; the
+attention then takes the masked reference path because the static cache needs a mask, the routed
+projections and MLP run the kernels); ``--no-graphs`` or a failed capture falls back to eager steps
+with a dynamic cache on both sides. Every row prints both absolute times and dense/routed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, num_hidden_layers=32, vocab_size=128256, max_position_embeddings=131072,
+                rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def timed(fn: Callable[[], object], *, warmup: int = 2, iters: int = 5) -> float:
+    """Median milliseconds of ``fn`` (CUDA events on GPU, wall clock otherwise)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available() and torch.cuda.current_device() is not None
+    out = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+def build_model(model: Optional[str], layers: Optional[int], device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if model:
+        from wide.assets import resolve_model
+
+        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=dtype, attn_implementation="sdpa")
+        if layers:
+            m.model.layers = m.model.layers[:layers]
+            m.config.num_hidden_layers = layers
+        return m.to(device).eval()
+    cfg = LlamaConfig(**{**LLAMA_8B, **({"num_hidden_layers": layers} if layers else {})})
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return m.eval()
+
+
+class DecodeRunner:
+    """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly."""
+
+    def __init__(self, model, batch: int, context: int, graphs: bool):
+        self.model, self.batch, self.context = model, batch, context
+        dev = next(model.parameters()).device
+        self.ids = torch.randint(100, 1000, (batch, 1), device=dev)
+        self.mode = "eager"
+        self.graph = None
+        if graphs and dev.type == "cuda":
+            try:
+                self._capture(dev)
+                self.mode = "graph"
+            except Exception as err:  # noqa: BLE001 - report and fall back
+                self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
+                self.graph = None
+        if self.graph is None:
+            self._prefill_dynamic(dev)
+
+    def _prefill_dynamic(self, dev):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        prompt = torch.randint(100, 1000, (self.batch, self.context), device=dev)
+        with torch.inference_mode():
+            self.model(input_ids=prompt, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+
+    def _capture(self, dev):
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=self.context + 8)
+        prompt = torch.randint(100, 1000, (self.batch, self.context), device=dev)
+        pos = torch.tensor([self.context], device=dev)
+        with torch.inference_mode():
+            self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                       cache_position=torch.arange(self.context, device=dev))
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+        self.cache, self.graph = cache, graph
+
+    def step(self):
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        with torch.inference_mode():
+            self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
+            self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
+
+
+def run(args) -> list[dict]:
+    import wide
+    from wide.modeling.inference import enable_kernels
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    torch.manual_seed(0)
+    model = build_model(args.model, args.layers, args.device, dtype)
+    dev = next(model.parameters()).device
+    rows: list[dict] = []
+
+    def prefill_fn(t):
+        ids = torch.randint(100, 1000, (1, t), device=dev)
+
+        def fn():
+            with torch.inference_mode():
+                model(input_ids=ids, logits_to_keep=1, use_cache=False)
+        return fn
+
+    dense = {}
+    for t in args.prefill:
+        dense[("prefill", 1, t)] = (timed(prefill_fn(t), iters=args.iters), "eager")
+    for b in args.decode_batch:
+        runner = DecodeRunner(model, b, args.context, not args.no_graphs)
+        dense[("decode", b, args.context)] = (timed(runner.step, warmup=3, iters=args.iters * 4), runner.mode)
+        del runner
+        torch.cuda.empty_cache() if dev.type == "cuda" else None
+
+    if args.checkpoint:
+        from wide.checkpoint import load_trained, read_metadata
+
+        cfg = read_metadata(args.checkpoint)["wide_config"]
+        wide.apply_wide(model, cfg)
+        load_trained(model, args.checkpoint)
+        sparsities = [cfg.sparsity]
+    else:
+        cfg = wide.WideConfig(sparsity=max(args.sparsity), router="random", attn_group_size=args.attn_group_size,
+                              ffn_group_size=args.ffn_group_size, backend=args.backend)
+        wide.apply_wide(model, cfg)
+        sparsities = args.sparsity
+    model.eval()
+    enable_kernels(model, args.backend)
+    routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
+    variants = [("per-token", None)] + ([("coherent", args.coherent_refresh)] if args.coherent else [])
+    for s in sparsities:
+        if not args.checkpoint:
+            for r in routers:
+                r.rate = s
+        for t in args.prefill:
+            ms = timed(prefill_fn(t), iters=args.iters)
+            realized = wide.sparsity_stats(model).realized().item()
+            d, mode = dense[("prefill", 1, t)]
+            rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized, routing="per-token",
+                             dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
+        for name, refresh in variants:
+            wide.modeling.inference.set_coherent_decode(model, refresh)
+            for b in args.decode_batch:
+                runner = DecodeRunner(model, b, args.context, not args.no_graphs)
+                ms = timed(runner.step, warmup=3, iters=args.iters * 4)
+                d, dmode = dense[("decode", b, args.context)]
+                rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, realized=float("nan"),
+                                 routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,
+                                 mode=runner.mode if runner.mode == dmode else f"dense {dmode} / routed {runner.mode}"))
+                del runner
+        wide.modeling.inference.set_coherent_decode(model, None)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = "| phase | batch | tokens | sparsity | routing | dense ms | routed ms | dense/routed | mode |\n|---|---|---|---|---|---|---|---|---|"
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['phase']} | {r['batch']} | {r['tokens']} | {r['sparsity']:.2f} | {r['routing']} | "
+                     f"{r['dense_ms']:.2f} | {r['routed_ms']:.2f} | {r['ratio']:.2f}x | {r['mode']} |")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wide bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="local model / asset (default: random Llama-3.1-8B shape)")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    p.add_argument("--checkpoint", default=None, help="trained routers (.safetensors) instead of synthetic masks")
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    p.add_argument("--prefill", type=int, nargs="*", default=[1024, 4096, 16384])
+    p.add_argument("--decode-batch", type=int, nargs="*", default=[1, 4, 16])
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--attn-group-size", type=int, default=None)
+    p.add_argument("--ffn-group-size", type=int, default=128)
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
+    p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
+    p.add_argument("--coherent-refresh", type=int, default=1)
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+    return p
+
+
+def bench_main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    for name in ("sparsity",):
+        for v in getattr(args, name):
+            if not 0 <= v < 1:
+                raise SystemExit(f"wide bench: --sparsity values must be in [0, 1), got {v}")
+    t0 = time.time()
+    rows = run(args)
+    table = format_table(rows)
+    print(table)
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": dev, "torch": torch.__version__, "args": vars(args),
+                                               "rows": rows}, indent=2))
+    return 0
