@@ -48,6 +48,10 @@ def timed(fn: Callable[[], object], *, warmup: int = 2, iters: int = 5) -> float
     return statistics.median(out)
 
 
+def _tokens(model, shape, device) -> torch.Tensor:
+    return torch.randint(0, min(1000, model.config.vocab_size), shape, device=device)
+
+
 def build_model(model: Optional[str], layers: Optional[int], device: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -72,7 +76,7 @@ class DecodeRunner:
     def __init__(self, model, batch: int, context: int, graphs: bool):
         self.model, self.batch, self.context = model, batch, context
         dev = next(model.parameters()).device
-        self.ids = torch.randint(100, 1000, (batch, 1), device=dev)
+        self.ids = _tokens(self.model, (batch, 1), device=dev)
         self.mode = "eager"
         self.graph = None
         if graphs and dev.type == "cuda":
@@ -89,7 +93,7 @@ class DecodeRunner:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
-        prompt = torch.randint(100, 1000, (self.batch, self.context), device=dev)
+        prompt = _tokens(self.model, (self.batch, self.context), device=dev)
         with torch.inference_mode():
             self.model(input_ids=prompt, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
 
@@ -97,7 +101,7 @@ class DecodeRunner:
         from transformers import StaticCache
 
         cache = StaticCache(config=self.model.config, max_cache_len=self.context + 8)
-        prompt = torch.randint(100, 1000, (self.batch, self.context), device=dev)
+        prompt = _tokens(self.model, (self.batch, self.context), device=dev)
         pos = torch.tensor([self.context], device=dev)
         with torch.inference_mode():
             self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1,
@@ -133,7 +137,7 @@ def run(args) -> list[dict]:
     rows: list[dict] = []
 
     def prefill_fn(t):
-        ids = torch.randint(100, 1000, (1, t), device=dev)
+        ids = _tokens(model, (1, t), device=dev)
 
         def fn():
             with torch.inference_mode():
