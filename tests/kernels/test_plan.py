@@ -37,3 +37,15 @@ def test_plan_rejects_float_and_wrong_rank():
         RoutingPlan(torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"\[B, T, G\]"):
         make_plan(torch.ones(4, 3, dtype=torch.bool)).token_order(flat=False)
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("TRITON_INTERPRET"), reason="interpreter check")
+@pytest.mark.parametrize("shape", [(1, 300, 3), (2, 17, 5), (3, 1, 2)], ids=str)
+def test_triton_partition_matches_torch(shape):
+    from wide.kernels.plan import _stable_partition
+    from wide.kernels.triton.plan import partition
+
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) < 0.4
+    perm, counts = partition(mask)
+    ref_perm, ref_counts = _stable_partition(mask)
+    assert torch.equal(perm, ref_perm) and torch.equal(counts, ref_counts)

@@ -30,9 +30,11 @@ def _density(rng: random.Random) -> float:
 def _mn_config(rng: random.Random, M: int, group: int, N: int):
     from wide.kernels.triton.gemm import GemmConfig
 
-    choice = rng.choice(["default", "direct", "perm"])
+    choice = rng.choice(["default", "direct", "perm", "dense"])
     if choice == "default":
         return None
+    if choice == "dense":  # cuBLAS + masking epilogue (the high-density path)
+        return "dense", None
     if choice == "direct":
         bm = 1 if M == 1 and rng.random() < 0.7 else rng.choice([16, 32])
         return "direct", GemmConfig(bm, 16, rng.choice([16, 32]))
@@ -118,10 +120,15 @@ def test_gemm_k(seed):
     config = None
     if rng.random() < 0.6:
         bm = 1 if (M == 1 and rng.random() < 0.7) else rng.choice([16, 32])
-        config = GemmConfig(bm, rng.choice([16, 32]), 16, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]))
+        variant = rng.choice(["", "list", "premask"])
+        config = GemmConfig(bm, rng.choice([16, 32]), 16, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]),
+                            variant=variant)
+    x_masked = rng.random() < 0.3  # x as gemm_mn/swiglu leave it: zero in masked groups
+    if x_masked:
+        x = x * expand_groups(mask, group).to(dtype)
     ref = get_backend("torch").gemm_k(x.float(), w.float(), mask, bias=None if bias is None else bias.float())
     out = poisoned(ref.shape, dtype, x.device)
-    get_backend("triton").gemm_k(x, w, mask, bias=bias, out=out, config=config)
+    get_backend("triton").gemm_k(x, w, mask, bias=bias, out=out, config=config, x_masked=x_masked)
     check(out, ref, dtype, None, "triton")
     out = poisoned(ref.shape, dtype, x.device)
     get_backend("gather").gemm_k(x, w, mask, bias=bias, out=out)

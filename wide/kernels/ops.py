@@ -88,7 +88,7 @@ def swiglu(x, gate_weight, up_weight=None, mask=None, *, plan: RoutingPlan | Non
 
 
 def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backend: str = "auto",
-           out=None):
+           out=None, x_masked: bool = False):
     """Reduction-width routed linear: ``(x * mask expanded over K groups) @ weight^T (+ bias)``.
 
     Args:
@@ -97,6 +97,9 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
         mask: ``[..., K/G]`` bool (float on the torch backend).
         bias: ``[N]`` or None.
         plan, backend, out: as in `gemm_mn`.
+        x_masked: promise that ``x`` is already zero in masked groups (it is the output of `gemm_mn` /
+            `swiglu` under the same mask, e.g. the down projection after gate/up); fast backends may
+            then skip applying the mask. Results are the same either way when the promise holds.
 
     Returns:
         ``[..., N]``.
@@ -107,7 +110,7 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
     _divides(x.shape[-1], mask.shape[-1], "gemm_k")
     call = dict(x=x, weight=weight, mask=mask, bias=bias, plan=plan, out=out)
     return dispatch.choose("gemm_k", backend, call, x.device).gemm_k(
-        x, weight, mask, bias=bias, plan=plan, out=out)
+        x, weight, mask, bias=bias, plan=plan, out=out, x_masked=x_masked)
 
 
 def _check_attention(q, k, v, mask, what: str) -> None:

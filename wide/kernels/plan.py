@@ -60,7 +60,7 @@ class RoutingPlan:
             m = self.mask.reshape(1, -1, self.n_groups) if flat else self.mask
             if m.dim() != 3:
                 raise ValueError(f"a per-row plan needs a [B, T, G] mask, got {tuple(self.mask.shape)}")
-            self._cache[key] = _stable_partition(m)
+            self._cache[key] = _partition(m)
         return self._cache[key]  # type: ignore[return-value]
 
     def group_list(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +76,13 @@ class RoutingPlan:
             self._cache["groups"] = (perm.view(-1), counts.view(1))
         return self._cache["groups"]  # type: ignore[return-value]
 
+    def density(self) -> float:
+        """Fraction of executed (token, group) pairs. Synchronizes with the host once (cached): the
+        triton backend asks only for large prefill-sized calls, never under CUDA-graph capture."""
+        if "density" not in self._cache:
+            self._cache["density"] = float(self.mask.sum().item()) / max(1, self.mask.numel())
+        return self._cache["density"]  # type: ignore[return-value]
+
     def materialize(self, flat: bool | None = None) -> "RoutingPlan":
         """Compute the cached tensors now (before a graph capture, say); ``None`` builds both orders."""
         self.group_list()
@@ -84,6 +91,18 @@ class RoutingPlan:
         if flat in (None, False) and self.mask.dim() == 3:
             self.token_order(False)
         return self
+
+
+def _partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Triton launch on CUDA (when Triton is there); the torch version elsewhere."""
+    if mask.is_cuda:
+        try:
+            from .triton.plan import partition
+        except ImportError:
+            pass
+        else:
+            return partition(mask)
+    return _stable_partition(mask)
 
 
 def _stable_partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

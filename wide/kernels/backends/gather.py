@@ -86,7 +86,7 @@ class GatherBackend(KernelBackend):
         return self._mn(x, [gate_weight, up_weight], mask, None, plan, out,
                         lambda xs, ws, b: F.silu(F.linear(xs, ws[0])) * F.linear(xs, ws[1]))
 
-    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None):
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, x_masked=False):
         K = x.shape[-1]
         N = weight.shape[0]
         ng = mask.shape[-1]

@@ -82,7 +82,7 @@ class TorchBackend(KernelBackend):
         y = apply_mask(y, expand_groups(mask, group))
         return _into(out, y)
 
-    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None):
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, x_masked=False):
         group = x.shape[-1] // mask.shape[-1]
         y = F.linear(apply_mask(x, expand_groups(mask, group)), weight, bias)
         return _into(out, y)

@@ -61,6 +61,10 @@ def _out_ok(out, shape, dtype) -> tuple[bool, str]:
     return True, ""
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _plan_for(mask: torch.Tensor, plan: RoutingPlan | None) -> RoutingPlan:
     if plan is None:
         return RoutingPlan(mask)
@@ -159,9 +163,17 @@ class TritonBackend(KernelBackend):
         out2 = out.view(-1, N)
         if M == 0:
             return out
-        kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
         act_id = tg.ACTIVATIONS[act]
-        if kernel == "direct":
+        if config is None and M >= tg.DENSE_MIN_M and not _capturing(x):
+            plan = _plan_for(mask, plan)
+            if plan.density() >= tg.DENSE_DENSITY:
+                config = ("dense", None)
+        kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
+        if kernel == "dense":
+            mask2 = mask.reshape(-1, ng).view(torch.uint8)
+            all_active = _plan_for(mask, plan).density() == 1.0
+            tg.gemm_mn_dense(x2, w, w2, bias, out2, mask2, group, act_id, swiglu, all_active)
+        elif kernel == "direct":
             mask2 = mask.reshape(-1, ng).view(torch.uint8)
             tg.gemm_mn_direct(x2, w, w2, bias, out2, mask2, group, act_id, swiglu, cfg)
         else:
@@ -175,7 +187,7 @@ class TritonBackend(KernelBackend):
     def swiglu(self, x, gate_weight, up_weight, mask, *, plan=None, out=None, config=None):
         return self._mn(x, gate_weight, up_weight, mask, None, None, True, plan, out, config)
 
-    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, config=None):
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, x_masked=False, config=None):
         from ..triton import gemm as tg
 
         K = x.shape[-1]
@@ -187,9 +199,12 @@ class TritonBackend(KernelBackend):
         if M == 0:
             return out
         cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
-        glist, nlist = _plan_for(mask, plan).group_list()
+        if cfg.variant == "list":
+            glist, nlist = _plan_for(mask, plan).group_list()
+        else:
+            glist = nlist = mask  # unused by the kernel
         mask2 = mask.reshape(-1, ng).view(torch.uint8)
-        tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg)
+        tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
         return out
 
     def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
