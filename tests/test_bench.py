@@ -16,3 +16,16 @@ def test_bench_runs_and_writes_json(tmp_path, tiny_model_dir, capsys):
     half = next(r for r in rows if r["phase"] == "prefill" and abs(r["sparsity"] - 0.5) < 1e-9)
     assert 0.3 < half["realized"] < 0.7
     assert "dense/routed" in capsys.readouterr().out
+
+
+def test_decode_nll_equals_teacher_forced_forward():
+    import torch
+
+    from tests.conftest import tiny_model
+    from wide.bench import decode_nll
+
+    model = tiny_model("llama")
+    ids = torch.randint(3, 96, (3, 12))
+    logits = model(ids).logits[:, 4:-1]
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 5:].reshape(-1))
+    assert abs(decode_nll(model, ids, prefix=5) - ref.item()) < 1e-4

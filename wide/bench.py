@@ -193,6 +193,66 @@ def run(args) -> list[dict]:
     return rows
 
 
+def decode_nll(model, ids: torch.Tensor, prefix: int) -> float:
+    """Mean NLL of the tokens after ``prefix``, each predicted in a decode step (one token per row, cache)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        out = model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        for t in range(prefix, ids.shape[1]):
+            total += torch.nn.functional.cross_entropy(logits.float(), ids[:, t], reduction="sum").item()
+            count += ids.shape[0]
+            out = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+    return total / count
+
+
+def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_seqs: int,
+                   refresh: int = 1) -> list[dict]:
+    """Decode-time quality of per-token vs batch-coherent routing (and dense), on held-out prose.
+
+    Sequences of ``prefix + steps`` tokens from the default corpus's validation split are decoded
+    teacher-forced in batches of ``batch``; the NLL of the ``steps`` decode-time tokens is reported.
+    """
+    import math
+
+    import wide
+    from wide.data import default_corpus_split
+    from wide.modeling.inference import set_coherent_decode
+
+    need = prefix + steps
+    seqs = []
+    for doc in default_corpus_split()[1]:
+        ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
+        if len(ids) >= need:
+            seqs.append(ids[:need])
+        if len(seqs) == n_seqs:
+            break
+    dev = next(model.parameters()).device
+    data = torch.tensor(seqs, device=dev)
+    runtime = wide.modeling.runtime_of(model)
+
+    def measure() -> float:
+        return sum(decode_nll(model, data[i:i + batch], prefix) for i in range(0, len(data), batch)) / math.ceil(
+            len(data) / batch)
+
+    rows = []
+    for name in ("dense", "per-token", "coherent"):
+        for wl in runtime.layers:
+            wl.forced = ({k: torch.ones(1, 1, s.num_groups, device=dev) for k, s in wl.slots.items()}
+                         if name == "dense" else {})
+        set_coherent_decode(model, refresh if name == "coherent" else None)
+        nll = measure()
+        rows.append(dict(routing=name, batch=batch, nll=nll, ppl=math.exp(nll), seqs=len(data), steps=steps))
+    for wl in runtime.layers:
+        wl.forced = {}
+    set_coherent_decode(model, None)
+    return rows
+
+
 def format_table(rows: list[dict]) -> str:
     head = "| phase | batch | tokens | sparsity | routing | dense ms | routed ms | dense/routed | mode |\n|---|---|---|---|---|---|---|---|---|"
     lines = [head]
@@ -200,6 +260,38 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"| {r['phase']} | {r['batch']} | {r['tokens']} | {r['sparsity']:.2f} | {r['routing']} | "
                      f"{r['dense_ms']:.2f} | {r['routed_ms']:.2f} | {r['ratio']:.2f}x | {r['mode']} |")
     return "\n".join(lines)
+
+
+def quality_main(args) -> int:
+    import wide
+    from transformers import AutoTokenizer
+
+    from wide.assets import resolve_model
+
+    if not args.model:
+        raise SystemExit("wide bench --quality: needs --model (a model with a tokenizer)")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    model = build_model(args.model, args.layers, args.device, dtype)
+    tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
+    if args.checkpoint:
+        from wide.checkpoint import load_trained, read_metadata
+
+        wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
+        load_trained(model, args.checkpoint)
+    else:
+        wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity[0], router="topk",
+                                               attn_group_size=args.attn_group_size, ffn_group_size=args.ffn_group_size))
+    model.eval()
+    rows = []
+    for b in args.decode_batch:
+        rows += decode_quality(model, tok, batch=b, prefix=args.quality_prefix, steps=args.quality_steps,
+                               n_seqs=args.quality_seqs, refresh=args.coherent_refresh)
+    print("| routing | batch | decode-token NLL | perplexity | sequences x steps |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['routing']} | {r['batch']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['seqs']} x {r['steps']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "quality": rows}, indent=2))
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -221,6 +313,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument("--quality", action="store_true",
+                   help="instead of timing: decode-time perplexity of dense / per-token / coherent routing "
+                        "(needs --model with a tokenizer and --checkpoint or synthetic routers)")
+    p.add_argument("--quality-seqs", type=int, default=16)
+    p.add_argument("--quality-prefix", type=int, default=64)
+    p.add_argument("--quality-steps", type=int, default=32)
     return p
 
 
@@ -231,6 +329,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             if not 0 <= v < 1:
                 raise SystemExit(f"wide bench: --sparsity values must be in [0, 1), got {v}")
     t0 = time.time()
+    if args.quality:
+        return quality_main(args)
     rows = run(args)
     table = format_table(rows)
     print(table)
