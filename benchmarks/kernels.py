@@ -218,7 +218,10 @@ def time_plan(mask, flat):
     return bench_eager(build, rep_ms=50)
 
 
-def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, config=None) -> dict:
+def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, config=None,
+             x_masked: bool = False) -> dict:
+    """One gemm row; ``x_masked`` times gemm_k on an input that is already zero in masked groups (the
+    down projection after SwiGLU), with the op told so."""
     M = small_size(M, 40)
     small = M <= 128
     if op == "gemm_k":
@@ -245,8 +248,11 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
         gathered = lambda: gb.swiglu(x, w, w2, mask, plan=plan)  # noqa: E731
         ref = rb.swiglu(x, w, w2, mask)
     else:
+        if x_masked:
+            x = x * mask.repeat_interleave(group, -1).to(x.dtype)
+            extra["x_masked"] = True
         dense_name, dense_ms, _ = best_dense({"F.linear": lambda: F.linear(x, w)}, small, ("k", M))
-        routed = lambda: tb.gemm_k(x, w, mask, plan=plan, config=config)  # noqa: E731
+        routed = lambda: tb.gemm_k(x, w, mask, plan=plan, config=config, x_masked=x_masked)  # noqa: E731
         gathered = lambda: gb.gemm_k(x, w, mask, plan=plan)  # noqa: E731
         ref = rb.gemm_k(x, w, mask)
     out = routed()
@@ -258,7 +264,8 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
 
     needs_plan = op != "gemm_k" and M > DIRECT_MAX_M  # direct and gemm_k kernels read the mask itself
     plan_ms = time_plan(mask, True) if needs_plan else 0.0
-    return row(op, M, density, dense_name, dense_ms, routed_ms, gather_ms, plan_ms, err, extra, group)
+    return row(op + ("(x_masked)" if x_masked else ""), M, density, dense_name, dense_ms, routed_ms, gather_ms,
+               plan_ms, err, extra, group)
 
 
 def run_prefill(T: int, gsize: int, density: float, with_gather: bool, config=None, B: int = 1) -> dict:
@@ -355,6 +362,8 @@ def main_table(args) -> list[dict]:
             for g in (64, 32):
                 for M in (1, 128, 4096):
                     jobs.append(("gemm", op, M, g, 0.5))
+    for M in (4096, 16384):
+        jobs.append(("gemm_xm", "gemm_k", M, 128, 0.5))
     for T in ([4096, 16384] if quick else [1024, 4096, 16384]):
         jobs.append(("prefill", T, 4, 0.5))
         if not quick:
@@ -386,6 +395,9 @@ def main_table(args) -> list[dict]:
             if job[0] == "gemm":
                 _, op, M, g, d = job
                 r = run_gemm(op, M, g, d, with_gather=with_gather and d == 0.5 and M <= 16384)
+            elif job[0] == "gemm_xm":
+                _, op, M, g, d = job
+                r = run_gemm(op, M, g, d, with_gather=False, x_masked=True)
             elif job[0] == "prefill":
                 _, T, g, d = job
                 r = run_prefill(T, g, d, with_gather=with_gather and d == 0.5 and T <= 4096)

@@ -222,7 +222,7 @@ def default_prefill_config(T: int, D: int) -> AttentionConfig:
 def default_decode_config(B: int, HK: int, S: int, D: int) -> AttentionConfig:
     if interpreting():
         return AttentionConfig(block_n=16, num_warps=4, num_stages=1, splits=3)
-    return AttentionConfig(block_n=64, num_warps=4, num_stages=3)
+    return AttentionConfig(block_n=64, num_warps=4, num_stages=2)  # run 2: 22.8 us vs 24.1 (3 stages)
 
 
 def _sm_count(device: torch.device) -> int:
