@@ -166,7 +166,7 @@ class TritonBackend(KernelBackend):
         act_id = tg.ACTIVATIONS[act]
         if config is None and M >= tg.DENSE_MIN_M and not _capturing(x):
             plan = _plan_for(mask, plan)
-            if plan.density() >= tg.DENSE_DENSITY:
+            if plan.density() >= tg.dense_density(group):
                 config = ("dense", None)
         kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
         if kernel == "dense":
@@ -233,7 +233,7 @@ class TritonBackend(KernelBackend):
         if B == 0:
             return out
         S, HK = k.shape[1], k.shape[2]
-        cfg = config if config is not None else ta.default_decode_config(B, HK, S, D)
+        cfg = config if config is not None else ta.default_decode_config(B, HK, S, D, q.device)
         scale = scale if scale is not None else ta.default_scale(D)
         mask2 = mask.reshape(B, -1).view(torch.uint8)
         lens = lengths.to(torch.int32) if lengths is not None else None

@@ -219,10 +219,14 @@ def default_prefill_config(T: int, D: int) -> AttentionConfig:
     return AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
-def default_decode_config(B: int, HK: int, S: int, D: int) -> AttentionConfig:
+def default_decode_config(B: int, HK: int, S: int, D: int, device=None) -> AttentionConfig:
     if interpreting():
         return AttentionConfig(block_n=16, num_warps=4, num_stages=1, splits=3)
-    return AttentionConfig(block_n=64, num_warps=4, num_stages=2)  # run 2: 22.8 us vs 24.1 (3 stages)
+    # short per-program loops (few rows: many splits) want a shallow pipeline, long ones a deeper one
+    # (H200: S=32768 b1 22.8 us with 2 stages vs 24.1 with 3; b16 257 us with 3 vs 321 with 2)
+    splits = decode_splits(B, HK, S, 64, torch.device(device) if device is not None else torch.device("cuda"))
+    iters = triton.cdiv(S, splits * 64)
+    return AttentionConfig(block_n=64, num_warps=4, num_stages=2 if iters <= 8 else 3)
 
 
 def _sm_count(device: torch.device) -> int:

@@ -230,7 +230,7 @@ def _gemm_k_kernel(
     pid_m = first_m + (pid % width) % size_m
     pid_n = (pid % width) // size_m
 
-    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group
+    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variant only)
     if USE_LIST:
         # visit only the groups some token needs (the plan's compacted list): dependent loads, but
         # no loop trips for unused groups
@@ -261,23 +261,23 @@ def _gemm_k_kernel(
             g = tl.load(glist_ptr + i // CPG)
             kk = g * GROUP + (i % CPG) * BLOCK_K + rk
         else:
-            g = (i * BLOCK_K) // GROUP
             kk = i * BLOCK_K + rk
+            g = kk // GROUP  # per column: a chunk may span several (narrow) groups
         if BLOCK_M == 1:
-            # the decision, broadcast over the chunk (a vector load of one address; cheap)
+            # the decision per column (one address per group: cheap, cached)
             use1 = tl.load(mask_ptr + pid_m.to(tl.int64) * stride_mm + g * stride_mg + rk * 0) != 0
             b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                         mask=nvalid[None, :] & use1[:, None], other=0.0)
             a = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + kk * stride_xk, mask=use1, other=0.0)
             part += a.to(tl.float32)[:, None] * b.to(tl.float32)
         else:
-            use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
-            any_use = tl.max(use.to(tl.int32), 0)
+            use = tl.load(mask_ptr + rm64[:, None] * stride_mm + (g + rk * 0)[None, :] * stride_mg,
+                          mask=mvalid[:, None], other=0) != 0
+            col_used = tl.max(use.to(tl.int32), 0)  # [BLOCK_K]: some row of the tile runs this column
             b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                        mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
-            # rows whose token skips this group are neither loaded nor counted
-            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
-                        mask=use[:, None], other=0.0)
+                        mask=nvalid[None, :] & (col_used[:, None] != 0), other=0.0)
+            # rows whose token skips a group are neither loaded nor counted
+            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use, other=0.0)
             acc = tl.dot(a, b, acc)
     if BLOCK_M == 1:
         acc = tl.expand_dims(tl.sum(part, axis=0), 0)
@@ -351,6 +351,14 @@ DIRECT_MAX_M = 64
 # epilogue beats the permuted Triton kernel (which runs at ~2/3 of cuBLAS's rate on the H200)
 DENSE_DENSITY = 0.75
 DENSE_MIN_M = 1024
+
+
+def dense_density(group: int) -> float:
+    """Density above which the dense path wins; narrower groups mean narrower, slower routed tiles
+    (H200 run 3, M=4096, 50%: group 128 1.39x, 64 1.03x, 32 0.69x routed vs ~0.92x dense path)."""
+    if group >= 128:
+        return DENSE_DENSITY
+    return {64: 0.55, 32: 0.35}.get(group, 0.2 if group < 32 else DENSE_DENSITY)
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
 K_PREMASK_MIN_M = 512
 
@@ -386,16 +394,19 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple
 
 def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
     if interpreting():
-        return GemmConfig(1 if M == 1 else 16, 16, _pow2_divisor(group, 16))
-    bk = _pow2_divisor(group, 128)
+        return GemmConfig(1 if M == 1 else 16, 16, _pow2_divisor(K, 32))
+    bk = _pow2_divisor(K, 128)  # the affine loop takes chunks spanning several narrow groups
     if M == 1:
-        # GEMV: the compacted group list wastes no loop trips on skipped groups (run 2: list 23.6 us vs
-        # affine 30.1 us at split 2; split 4 affine 20.7 us)
-        return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4, variant="list")
+        if group >= 128:
+            # GEMV: the compacted group list wastes no loop trips on skipped groups (run 3: 16.3 us, 1.92x;
+            # narrow groups make its chunks too small: 32-wide 44.9 us)
+            return GemmConfig(1, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4,
+                              variant="list")
+        return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4)
     if M <= 32:
         return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4)
     if M < K_PREMASK_MIN_M:
-        return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
+        return GemmConfig(64, 128, _pow2_divisor(K, 64), num_warps=4, num_stages=4, split_k=4)
     return GemmConfig(128, 128, 64, variant="premask")
 
 
@@ -472,6 +483,10 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
     M, K = x.shape
     N = weight.shape[0]
     cfg = config
+    if cfg.variant == "list" and group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} (list variant)")
+    if K % cfg.block_k and cfg.variant != "premask":
+        raise ValueError(f"block_k={cfg.block_k} must divide K={K}")
     if cfg.variant == "premask":
         xm = x
         if not x_masked:
@@ -485,8 +500,6 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         else:
             torch.mm(xm, weight.t(), out=out)
         return out
-    if group % cfg.block_k:
-        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group}")
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
     split = max(1, cfg.split_k)
