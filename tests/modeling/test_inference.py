@@ -33,9 +33,12 @@ def test_kernel_path_matches_reference(backend, granularity, arch):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
     am = torch.ones_like(ids)
     fast = model.generate(ids, attention_mask=am, max_new_tokens=6, do_sample=False)
+    fast_static = model.generate(ids, attention_mask=am, max_new_tokens=6, do_sample=False,
+                                 cache_implementation="static")
     set_kernels(model, False)
     slow = model.generate(ids, attention_mask=am, max_new_tokens=6, do_sample=False)
     assert torch.equal(fast, slow)
+    assert torch.equal(fast_static, slow)
 
 
 def test_kernels_are_eval_only_and_training_still_works():

@@ -45,9 +45,13 @@ def _kernel_attention(layer, query, key, value, scaling):
     q = query.transpose(1, 2)  # [B, T, Hq, D] views of HF's [B, H, T, D]: no copies
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
-    if q.shape[1] == 1:
+    t = q.shape[1]
+    if t == 1:
         return kernels.attention_decode(q, k, v, mask, scale=scaling, backend=layer.backend)
-    return kernels.attention_prefill(q, k, v, mask, causal=True, scale=scaling, plan=plan, backend=layer.backend)
+    # without a mask, transformers means sdpa's is_causal, which aligns queries to the *first* keys
+    # (a static cache holds its empty tail after them): no query sees past key t-1
+    return kernels.attention_prefill(q, k[:, :t], v[:, :t], mask, causal=True, scale=scaling, plan=plan,
+                                     backend=layer.backend)
 
 
 def _make(base: str):
