@@ -79,7 +79,9 @@ def _valid_tokens(args, kwargs) -> tuple[Optional[torch.Tensor], Optional[int]]:
     src = ids if ids is not None else embeds
     t = src.shape[1] if src is not None else None
     am = kwargs.get("attention_mask")
-    if am is None or am.dim() != 2 or t is None:
+    # a 2D padding mask tells the valid tokens; prepared 4D masks (or per-layer-type dicts, as
+    # generate builds for static caches) do not, and then every token counts
+    if not isinstance(am, torch.Tensor) or am.dim() != 2 or t is None:
         return None, t
     return am[:, -t:].bool(), t
 
