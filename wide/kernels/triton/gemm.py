@@ -231,6 +231,7 @@ def _gemm_k_kernel(
     pid_n = (pid % width) // size_m
 
     CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variant only)
+    SPAN: tl.constexpr = GROUP % BLOCK_K != 0  # chunks cross group boundaries: per-column decisions
     if USE_LIST:
         # visit only the groups some token needs (the plan's compacted list): dependent loads, but
         # no loop trips for unused groups
@@ -260,24 +261,35 @@ def _gemm_k_kernel(
         if USE_LIST:
             g = tl.load(glist_ptr + i // CPG)
             kk = g * GROUP + (i % CPG) * BLOCK_K + rk
+        elif SPAN:
+            kk = i * BLOCK_K + rk
+            g = kk // GROUP  # per column: the chunk spans several narrow groups
         else:
             kk = i * BLOCK_K + rk
-            g = kk // GROUP  # per column: a chunk may span several (narrow) groups
+            g = (i * BLOCK_K) // GROUP  # one group per chunk: masks stay uniform along K (16-byte loads)
         if BLOCK_M == 1:
-            # the decision per column (one address per group: cheap, cached)
+            # the decision broadcast over the chunk (one address per group: cheap, cached)
             use1 = tl.load(mask_ptr + pid_m.to(tl.int64) * stride_mm + g * stride_mg + rk * 0) != 0
             b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                         mask=nvalid[None, :] & use1[:, None], other=0.0)
             a = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + kk * stride_xk, mask=use1, other=0.0)
             part += a.to(tl.float32)[:, None] * b.to(tl.float32)
-        else:
-            use = tl.load(mask_ptr + rm64[:, None] * stride_mm + (g + rk * 0)[None, :] * stride_mg,
+        elif SPAN:
+            use = tl.load(mask_ptr + rm64[:, None] * stride_mm + g[None, :] * stride_mg,
                           mask=mvalid[:, None], other=0) != 0
             col_used = tl.max(use.to(tl.int32), 0)  # [BLOCK_K]: some row of the tile runs this column
             b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                         mask=nvalid[None, :] & (col_used[:, None] != 0), other=0.0)
-            # rows whose token skips a group are neither loaded nor counted
             a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use, other=0.0)
+            acc = tl.dot(a, b, acc)
+        else:
+            use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
+            any_use = tl.max(use.to(tl.int32), 0)
+            b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                        mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
+            # rows whose token skips this group are neither loaded nor counted
+            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
+                        mask=use[:, None], other=0.0)
             acc = tl.dot(a, b, acc)
     if BLOCK_M == 1:
         acc = tl.expand_dims(tl.sum(part, axis=0), 0)
@@ -403,10 +415,10 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
             return GemmConfig(1, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4,
                               variant="list")
         return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4)
-    if M <= 32:
-        return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4)
+    if M <= 32:  # chunks inside one group: uniform masks along K keep the loads vectorized
+        return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
     if M < K_PREMASK_MIN_M:
-        return GemmConfig(64, 128, _pow2_divisor(K, 64), num_warps=4, num_stages=4, split_k=4)
+        return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
     return GemmConfig(128, 128, 64, variant="premask")
 
 
