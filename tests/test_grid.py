@@ -1,0 +1,230 @@
+"""`wide grid`: grid files, cells, commands, a tiny 2x2 run with tables and plots, resume, LoRA cells, shipped grids."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.fakes import build_fake_olmo_eval
+from wide.grid import grid_main, load_grid, run_grid
+from wide.grid.commands import eval_argv, fit_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+ABLATIONS = sorted((ROOT / "recipes" / "ablations").glob("*.yaml"))
+SMOL = ROOT / "recipes" / "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def olmo_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("wide-cache")
+    build_fake_olmo_eval(cache)
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def _cache_env(olmo_cache, monkeypatch):
+    monkeypatch.setenv("WIDE_CACHE", str(olmo_cache))
+
+
+def tiny_overrides(model_dir, corpus):
+    return {
+        "model.init_args.model": model_dir,
+        "model.init_args.routing.attn_group_size": 2,
+        "model.init_args.routing.ffn_group_size": 32,
+        "data.source": corpus, "data.seq_len": 32, "data.batch_size": 2, "data.max_val_tokens": 256,
+        "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.precision": "32-true",
+        "trainer.max_steps": 2, "trainer.val_check_interval": 2, "trainer.limit_val_batches": 1,
+        "trainer.enable_progress_bar": False, "trainer.enable_model_summary": False,
+        "wide_checkpoint.every_n_steps": 0, "sparsity_monitor.heatmap_every_n_steps": 0,
+    }
+
+
+def write_grid(path, model_dir, corpus, axes, lora=False, **extra):
+    grid = {"base": str(SMOL / "calibrate.yaml"), "output": str(path.parent / "out"),
+            "overrides": tiny_overrides(model_dir, corpus),
+            "eval": {"tasks": "all", "limit": 2, "ppl_window": 32, "batch_size": 4, "device": "cpu"},
+            "axes": axes, **extra}
+    if lora:
+        grid["lora_base"] = str(SMOL / "lora.yaml")
+        grid["overrides"]["lora.model.init_args.lora_r"] = 4
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return path
+
+
+METHOD_X_SPARSITY = [
+    {"name": "method", "values": {"topk": {"fit": False, "model.init_args.routing.router": "topk"},
+                                  "wide": {"model.init_args.routing.router": "lowrank"}}},
+    {"name": "target", "key": "model.init_args.routing.sparsity", "values": [0.25, 0.5]},
+]
+
+
+# ------------------------------------------------------------------------------------------ spec
+
+
+def test_cells_are_the_cartesian_product_in_order(tmp_path, tiny_model_dir, tiny_corpus):
+    spec = load_grid(write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, METHOD_X_SPARSITY))
+    cells = spec.cells()
+    assert [c.name for c in cells] == ["method=topk__target=0.25", "method=topk__target=0.5",
+                                       "method=wide__target=0.25", "method=wide__target=0.5"]
+    topk, wide_ = cells[1], cells[3]
+    assert not topk.fits and wide_.fits and wide_.overrides["model.init_args.routing.sparsity"] == 0.5
+    argv = fit_argv(spec, wide_, "calibrate", tmp_path / "run")
+    assert argv[:3] == ["fit", "--config", str(SMOL / "calibrate.yaml")]
+    assert argv[argv.index("--model.init_args.routing.sparsity") + 1] == "0.5"
+    assert argv[argv.index("--wide_checkpoint.dirpath") + 1] == str(tmp_path / "run")
+    ev = eval_argv(spec, topk, tmp_path / "ev")
+    routing = json.loads(ev[ev.index("--routing") + 1])
+    assert routing["router"] == "topk" and routing["sparsity"] == 0.5 and routing["ffn_group_size"] == 32
+    assert ev[ev.index("--limit") + 1] == "2" and ev[ev.index("--output") + 1] == str(tmp_path / "ev")
+
+
+def test_stage_scoping(tmp_path, tiny_model_dir, tiny_corpus):
+    axes = [{"name": "stage", "key": "stage", "values": ["calibrate", "lora"]}]
+    spec = load_grid(write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes, lora=True,
+                                ) , extra_overrides={"calibrate.model.init_args.lr": 0.01, "eval.limit": 1})
+    lora = spec.cells()[1]
+    assert lora.stage == "lora" and spec.eval["limit"] == 1
+    stage1, stage2 = lora.cli_overrides("calibrate"), lora.cli_overrides("lora")
+    assert stage1["model.init_args.lr"] == 0.01 and "model.init_args.lr" not in stage2
+    assert "model.init_args.routing.ffn_group_size" in stage1 and not any("routing" in k for k in stage2)
+    assert stage2["model.init_args.lora_r"] == 4 and stage2["trainer.max_steps"] == 2
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda g: g.pop("base"), "'base'"),
+    (lambda g: g.update(bogus=1), "unknown key"),
+    (lambda g: g["axes"].append({"name": "x"}), "'name' and 'values'"),
+    (lambda g: g["axes"].append({"name": "x", "key": "k", "values": 3}), "non-empty list"),
+    (lambda g: g["axes"].append({"name": "ppl", "key": "k", "values": [1]}), "clash"),
+    (lambda g: g["axes"].append({"name": "s", "key": "stage", "values": ["lora"]}), "lora_base"),
+    (lambda g: g["axes"].append({"name": "s", "key": "stage", "values": ["distill"]}), "stage must be"),
+    (lambda g: g["eval"].update(bogus=1), "unknown eval option"),
+    (lambda g: g["axes"][0]["values"]["topk"].update({"model.init_args.routing.granularity": "nope"}), "granularity"),
+], ids=["no-base", "unknown-key", "bad-axis", "bad-values", "clash", "lora-needs-base", "bad-stage", "bad-eval",
+        "bad-routing"])
+def test_bad_grids_fail_before_running(tmp_path, tiny_model_dir, tiny_corpus, mutate, message):
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, json.loads(json.dumps(METHOD_X_SPARSITY)))
+    grid = yaml.safe_load(path.read_text())
+    mutate(grid)
+    path.write_text(yaml.safe_dump(grid))
+    with pytest.raises(ValueError, match=message):
+        load_grid(path)
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def test_tiny_2x2_grid_tables_plots_and_resume(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, METHOD_X_SPARSITY)
+    first = run_grid(str(path), launcher="inprocess")
+    out = tmp_path / "out"
+    assert len(first["done"]) == 4 and not first["failed"] and not first["skipped"]
+    rows = (out / "results.csv").read_text().strip().splitlines()
+    header = rows[0].split(",")
+    assert len(rows) == 5 and {"method", "target", "ppl", "avg", "realized_sparsity", "hellaswag",
+                               "calibrate_tokens", "calibrate_wall_s"} <= set(header)
+    md = (out / "results.md").read_text()
+    assert "| topk | 0.5 | width/topk | none | 50.0 | 50.0 |" in md and "### Runs" in md
+    for png in ["score_vs_sparsity.png", "sparsity_heatmap.png", "heatmaps/method=wide__target=0.5.png",
+                "heatmaps/method=topk__target=0.25.png"]:
+        assert (out / "plots" / png).stat().st_size > 1000, png
+    result = json.loads((out / "cells/method=wide__target=0.5/result.json").read_text())
+    assert result["runs"]["calibrate"]["steps"] == 2 and result["runs"]["calibrate"]["tokens"] == 2 * 2 * 32
+    assert set(result["tasks"]) == {"arc_easy", "arc_challenge", "boolq", "winogrande", "piqa", "openbookqa",
+                                    "hellaswag"}
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("cells/*/result.json")}
+
+    capsys.readouterr()
+    assert grid_main([str(path), "--launcher", "inprocess"]) == 0  # the re-run skips every finished cell
+    io = capsys.readouterr()
+    assert io.err.count("[skip]") == 4 and "fit calibrate" not in io.err and "| method | target |" in io.out
+    assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("cells/*/result.json")}
+
+    # a changed eval setting re-evaluates every cell but reuses the finished fits
+    again = run_grid(str(path), launcher="inprocess", overrides={"eval.limit": 1}, only=["wide__target=0.5"])
+    assert again["done"] == ["method=wide__target=0.5"]
+    assert "reusing" in capsys.readouterr().err
+
+
+def test_lora_cells_share_stage1_and_skip_calibration(tmp_path, tiny_model_dir, tiny_corpus):
+    axes = [{"name": "method", "values": {
+                "dense": {"routing": False},
+                "topk": {"skip_calibration": True, "model.init_args.routing.router": "topk"},
+                "wide": {}}},
+            {"name": "stage", "key": "stage", "values": ["calibrate", "lora"]}]
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes, lora=True)
+    grid = yaml.safe_load(path.read_text())
+    grid["eval"] = {"tasks": "piqa", "limit": 2, "ppl_window": 32, "ppl_max_tokens": 64, "device": "cpu"}
+    path.write_text(yaml.safe_dump(grid))
+    res = run_grid(str(path), launcher="inprocess")
+    assert len(res["done"]) == 6 and not res["failed"]
+    out = tmp_path / "out"
+    cells = {p.parent.name: json.loads(p.read_text()) for p in out.glob("cells/*/result.json")}
+    assert len(list(out.glob("fits/calibrate-*"))) == 1  # wide/calibrate and wide/lora share stage 1
+    assert set(cells["method=wide__stage=lora"]["runs"]) == {"calibrate", "lora"}
+    assert set(cells["method=topk__stage=lora"]["runs"]) == {"lora"}  # LoRA alone under top-k routing
+    assert cells["method=topk__stage=calibrate"]["runs"] == {}
+    assert cells["method=dense__stage=lora"]["eval"]["copied_from"]  # same model and settings: not re-run
+    ev = json.loads((out / "cells/method=wide__stage=lora/eval/results.json").read_text())
+    assert ev["model"]["checkpoint"]["lora"]["r"] == 4 and ev["model"]["checkpoint"]["lora"]["alpha"] == 32
+    assert "calibrate+lora" in (out / "results.md").read_text()
+
+
+def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir, tiny_corpus):
+    axes = [{"name": "method", "values": {"dense": {"routing": False},
+                                          "broken": {"model.init_args.routing.ffn_group_size": 48}}}]
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes)
+    grid = yaml.safe_load(path.read_text())
+    grid["eval"] = {"tasks": "none", "ppl_window": 32, "ppl_max_tokens": 64, "device": "cpu"}
+    path.write_text(yaml.safe_dump(grid))
+    assert grid_main([str(path)]) == 1  # one cell failed: non-zero exit, the other finished
+    out = tmp_path / "out"
+    assert json.loads((out / "cells/method=dense/result.json").read_text())["status"] == "done"
+    error = (out / "cells/method=broken/error.txt").read_text()
+    assert "fit calibrate of method=broken failed" in error and "ffn_group_size" in error
+    assert "*failed*" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------ shipped grids
+
+
+def test_ablation_grids_exist():
+    names = {p.name for p in ABLATIONS}
+    assert {"methods_x_sparsity.yaml", "group_size.yaml", "quality_smollm2-135m.yaml", "quality_qwen2.5-1.5b.yaml",
+            "quality_cpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("grid", ABLATIONS, ids=[p.name for p in ABLATIONS])
+def test_shipped_grid_parses_and_every_fit_parses_in_lightning_cli(grid, tmp_path, tiny_model_dir):
+    """Every cell's `wide fit` command line parses against its task (nothing is trained)."""
+    from safetensors.torch import save_file
+
+    from wide.cli import run_cli
+
+    text = grid.read_text()
+    assert text.startswith("#") and "Command:" in text, "grid files open with a comment: purpose, hardware, command"
+    spec = load_grid(grid, output=tmp_path / "out")
+    # a stand-in stage-1 checkpoint so that LoRARecovery can read its metadata
+    import wide
+
+    ckpt = tmp_path / "routers.safetensors"
+    save_file({}, str(ckpt), metadata={"format": "wide-trained/1", "wide_config": json.dumps(wide.WideConfig().to_dict()),
+                                       "base_model": "{}", "stage": "calibrate", "step": "0", "extra": "{}"})
+    seen = set()
+    for cell in spec.cells():
+        stages = (["calibrate"] if cell.calibrates else []) + (["lora"] if cell.fits and cell.stage == "lora" else [])
+        for stage in stages:
+            argv = fit_argv(spec, cell, stage, tmp_path / "run", ckpt if stage == "lora" and cell.calibrates else None)
+            key = tuple(argv)
+            if key in seen:
+                continue
+            seen.add(key)
+            cli = run_cli([*argv[1:], "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
+            routing = cli.model.routing
+            if stage == "calibrate":
+                for k, v in cell.cli_overrides("calibrate").items():
+                    if k.startswith("model.init_args.routing."):
+                        assert getattr(routing, k.rsplit(".", 1)[-1]) == v
+        eval_argv(spec, cell, tmp_path / "ev")
+    assert seen or all(not c.fits for c in spec.cells())

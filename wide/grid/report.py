@@ -1,0 +1,162 @@
+"""Collect a grid's cell results into ``results.csv``, ``results.md`` and plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from wide.grid.runner import read_json
+from wide.grid.spec import GridSpec
+
+
+def load_rows(spec: GridSpec) -> list[dict[str, Any]]:
+    """One dict per cell in grid order: its ``result.json`` when finished, else its status."""
+    rows = []
+    for cell in spec.cells():
+        cell_dir = Path(spec.output) / "cells" / cell.name
+        row = read_json(cell_dir / "result.json")
+        if row is None:
+            status = "failed" if (cell_dir / "error.txt").is_file() else "pending"
+            row = {"cell": cell.name, "labels": cell.labels, "status": status}
+        rows.append(row)
+    return rows
+
+
+def _task_names(rows: list[dict[str, Any]]) -> list[str]:
+    from wide.eval.tasks import TASKS
+
+    seen = {t for r in rows for t in r.get("tasks", {})}
+    return [t for t in TASKS if t in seen] + sorted(seen - set(TASKS))
+
+
+def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """CSV columns and values (numbers unformatted; scores and sparsities as fractions)."""
+    axes = [a.name for a in spec.axes]
+    tasks = _task_names(rows)
+    cols = ["cell", *axes, "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity",
+            "realized_attn", "realized_ffn", "ppl", "ppl_sparsity", *tasks, "avg", "zeroshot_sparsity",
+            "calibrate_steps", "calibrate_tokens", "calibrate_wall_s", "lora_steps", "lora_tokens", "lora_wall_s",
+            "eval_wall_s"]
+    out = []
+    for r in rows:
+        flat: dict[str, Any] = {"cell": r["cell"], "status": r["status"], **r.get("labels", {})}
+        s = r.get("summary")
+        if s:
+            sp = s["sparsity"]
+            flat.update({"model": r.get("model"), "routing": s["method"], "trained": trained(r),
+                         "target_sparsity": s["target_sparsity"], "ppl": s.get("ppl"),
+                         "ppl_sparsity": s.get("ppl_sparsity"), "avg": s.get("avg"),
+                         "zeroshot_sparsity": s.get("zeroshot_sparsity"), "realized_sparsity": sp["sparsity"],
+                         "realized_attn": sp.get("by_kind", {}).get("attn"),
+                         "realized_ffn": sp.get("by_kind", {}).get("ffn"),
+                         "eval_wall_s": r.get("eval", {}).get("wall_s")})
+            for t in tasks:
+                flat[t] = r.get("tasks", {}).get(t, {}).get("score")
+            for stage, run in (r.get("runs") or {}).items():
+                flat[f"{stage}_steps"] = run.get("steps")
+                flat[f"{stage}_tokens"] = run.get("tokens")
+                flat[f"{stage}_wall_s"] = run.get("wall_s")
+        out.append(flat)
+    return cols, out
+
+
+def trained(row: dict[str, Any]) -> str:
+    """``none`` (dense or training-free), ``calibrate`` or ``calibrate+lora``."""
+    return "+".join(row.get("runs") or {}) or "none"
+
+
+def to_csv(cols: list[str], flat: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in flat:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in cols})
+    return buf.getvalue()
+
+
+def _pct(v: Optional[float]) -> str:
+    return "–" if v is None else f"{100 * v:.1f}"
+
+
+def _num(v: Optional[float], fmt: str = "{:,}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def _secs(v: Optional[float]) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.0f} s" if v < 120 else f"{v / 60:.1f} min"
+
+
+def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
+    """Scores table (realized sparsity next to the target) and a runs table (steps, tokens, wall time)."""
+    axes = [a.name for a in spec.axes]
+    tasks = _task_names(rows)
+    short = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "boolq": "BoolQ", "winogrande": "Wino",
+             "piqa": "PIQA", "openbookqa": "OBQA", "hellaswag": "HSwag"}
+    hw = next((r.get("hardware") for r in rows if r.get("hardware")), None) or {}
+    settings = next((read_json(Path(r["eval"]["results"])) or {} for r in rows if r.get("eval")), {}).get("settings", {})
+    lines = [f"## wide grid: {spec.path.name}", ""]
+    lines.append(f"Base recipe `{spec.base.name}`" + (f", stage 2 `{spec.lora_base.name}`" if spec.lora_base else "")
+                 + f"; output `{spec.output}`; {sum(r['status'] == 'done' for r in rows)}/{len(rows)} cells done"
+                 + f" (updated {time.strftime('%Y-%m-%d %H:%M')}).")
+    if hw:
+        lines.append(f"Eval hardware: {hw.get('gpu') or hw.get('cpu') or hw.get('device')} "
+                     f"({hw.get('device')}, torch {hw.get('torch')}).")
+    if settings:
+        ppl = settings.get("ppl_source")
+        lim = settings.get("limit")
+        lines.append(f"Eval: perplexity on `{ppl}` (window {settings.get('ppl_window')}, stride "
+                     f"{settings.get('ppl_stride') or settings.get('ppl_window')}"
+                     + (f", first {settings['ppl_max_tokens']:,} tokens" if settings.get("ppl_max_tokens") else "")
+                     + ")" + (f"; zero-shot {'first ' + str(lim) + ' items per task' if lim else 'all items'}"
+                              if settings.get("tasks") else "; no zero-shot tasks") + ".")
+    lines += ["", "| " + " | ".join([*axes, "routing", "trained", "target", "realized", "ppl",
+                                      *[short.get(t, t) for t in tasks], "avg"]) + " |",
+              "|" + "---|" * (len(axes) + 2) + "---:|" * (4 + len(tasks))]
+    for r in rows:
+        labels = [str(r.get("labels", {}).get(a, "")) for a in axes]
+        s = r.get("summary")
+        if not s:
+            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (4 + len(tasks))]) + " |")
+            continue
+        ts = r.get("tasks", {})
+        lines.append("| " + " | ".join([
+            *labels, s["method"], trained(r), _pct(s["target_sparsity"]), _pct(s["sparsity"]["sparsity"]),
+            "–" if s.get("ppl") is None else f"{s['ppl']:.2f}",
+            *[_pct(ts[t]["score"]) if t in ts else "–" for t in tasks], _pct(s.get("avg")),
+        ]) + " |")
+    lines += ["", "target/realized: target and realized sparsity (%; realized over all eval forwards, token-weighted). "
+              "Scores: acc_norm for ARC, PIQA, OBQA, HellaSwag, acc for BoolQ and WinoGrande (%); avg over the tasks "
+              "shown.", ""]
+    run_rows = [r for r in rows if r.get("runs")]
+    if run_rows:
+        lines += ["### Runs", "", "| cell | stage | steps | tokens | wall time | batch × seq_len |", "|---|---|---:|---:|---:|---|"]
+        for r in run_rows:
+            for stage, run in r["runs"].items():
+                lines.append(f"| {r['cell']} | {stage} | {_num(run.get('steps'))} | {_num(run.get('tokens'))} | "
+                             f"{_secs(run.get('wall_s'))} | {run.get('batch_size')} × {run.get('seq_len')} |")
+        lines.append("")
+    evals = [r for r in rows if r.get("eval")]
+    if evals:
+        lines.append("Eval wall time per cell: " + ", ".join(
+            f"{r['cell']} {_secs(r['eval'].get('wall_s'))}" for r in evals) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def collect(spec: GridSpec, plots: bool = True) -> list[Path]:
+    """Writes ``results.csv`` and ``results.md`` (and, with ``plots``, the PNGs); returns the paths."""
+    from wide.grid.runner import write_text
+
+    out = Path(spec.output)
+    rows = load_rows(spec)
+    cols, flat = flat_rows(spec, rows)
+    paths = [write_text(out / "results.csv", to_csv(cols, flat)), write_text(out / "results.md", to_markdown(spec, rows))]
+    if plots:
+        from wide.grid.plots import plot_all
+
+        paths += plot_all(spec, rows)
+    return paths

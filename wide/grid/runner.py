@@ -1,0 +1,314 @@
+"""Run a grid: per cell, fit (stage 1, optionally stage 2) then eval; resumable, with progress across cells."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from wide.grid.commands import effective_config, eval_argv, fit_argv, lora_alpha, model_name, routing_dict
+from wide.grid.spec import Cell, GridSpec, signature
+
+FORMAT = "wide-grid/1"
+LAUNCHERS = ("subprocess", "inprocess")
+
+
+def _log(msg: str) -> None:
+    print(f"wide grid: {msg}", file=sys.stderr, flush=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write (temp file + rename)."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Atomic text write (temp file + rename); returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class CommandFailed(RuntimeError):
+    def __init__(self, what: str, log_path: Path, detail: str):
+        super().__init__(f"{what} failed (log: {log_path}): {detail}")
+        self.log_path = log_path
+
+
+@dataclass
+class GridRunner:
+    """Runs every cell of ``spec`` in order.
+
+    Args:
+        spec: The parsed grid.
+        launcher: ``subprocess`` (each ``wide fit``/``wide eval`` in a fresh Python; robust to crashes and
+            leaks) or ``inprocess`` (the same CLIs called in this process; faster to start, for tests).
+        force: Re-run finished cells and fits.
+        fail_fast: Stop at the first failed cell (default: record the failure and go on).
+        only: Run only cells whose name contains one of these substrings.
+        verbose: Echo the commands' output (it always goes to the cell's ``*.log`` files).
+        log: Progress sink.
+    """
+
+    spec: GridSpec
+    launcher: str = "subprocess"
+    force: bool = False
+    fail_fast: bool = False
+    only: list[str] = field(default_factory=list)
+    verbose: bool = False
+    log: Callable[[str], None] = _log
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher: must be one of {LAUNCHERS}, got {self.launcher!r}")
+        self.out = Path(self.spec.output)
+
+    # ------------------------------------------------------------------------------------ commands
+    def _run(self, argv: list[str], log_path: Path, what: str) -> float:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        if self.launcher == "inprocess":
+            from wide.cli import main
+
+            log_path.write_text("in-process run: output went to the console\n$ wide " + " ".join(argv) + "\n")
+            try:
+                rc = main(list(argv))
+            except SystemExit as err:  # argparse / jsonargparse errors
+                rc = err.code if isinstance(err.code, int) else 1
+            except Exception as err:  # noqa: BLE001 - a failed cell must not stop the grid
+                raise CommandFailed(what, log_path, f"{type(err).__name__}: {err}") from err
+            if rc:
+                raise CommandFailed(what, log_path, f"exit status {rc}")
+            return time.perf_counter() - t0
+        cmd = [sys.executable, "-m", "wide.cli", *argv]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with log_path.open("w") as sink:
+            sink.write("$ wide " + " ".join(argv) + "\n")
+            sink.flush()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sink.write(line)
+                sink.flush()
+                if self.verbose:
+                    sys.stderr.write(line)
+            rc = proc.wait()
+        if rc:
+            tail = log_path.read_text().strip().splitlines()[-12:]
+            raise CommandFailed(what, log_path, f"exit status {rc}\n    " + "\n    ".join(tail))
+        return time.perf_counter() - t0
+
+    # ---------------------------------------------------------------------------------------- fits
+    def _fit(self, cell: Cell, stage: str, run_dir: Path, sig: str, prefix: str,
+             router_checkpoint: Optional[Path] = None) -> dict[str, Any]:
+        done = read_json(run_dir / "done.json")
+        ckpt = run_dir / "routers.safetensors"
+        if not self.force and done and done.get("signature") == sig and ckpt.is_file():
+            self.log(f"{prefix} fit {stage}: reusing {run_dir}")
+            return done
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        argv = fit_argv(self.spec, cell, stage, run_dir, router_checkpoint)
+        self.log(f"{prefix} fit {stage} → {run_dir}")
+        wall = self._run(argv, run_dir / "fit.log", f"fit {stage} of {cell.name}")
+        if not ckpt.is_file():
+            raise CommandFailed(f"fit {stage} of {cell.name}", run_dir / "fit.log", f"{ckpt} was not written")
+        info = run_stats(run_dir, ckpt)
+        info.update({"signature": sig, "stage": stage, "cell": cell.name, "overrides": cell.cli_overrides(stage), "wall_s": wall, "argv": ["wide", *argv], "dir": str(run_dir),
+                     "checkpoint": str(ckpt)})
+        write_json(run_dir / "done.json", info)
+        self.log(f"{prefix} fit {stage} done: {info['steps']} steps, {info['tokens']:,} tokens, {_duration(wall)}")
+        return info
+
+    def fit_dir(self, cell: Cell, sig: str) -> Path:
+        """Stage-1 run folder: named by content, so cells with equal stage-1 settings share one run."""
+        return self.out / "fits" / f"calibrate-{sig}"
+
+    # ---------------------------------------------------------------------------------------- cells
+    def cell_signature(self, cell: Cell) -> str:
+        return signature({"format": FORMAT, "overrides": cell.overrides, "eval": self.spec.eval,
+                          "calibrate": self.spec.base_text("calibrate") if cell.fits else "",
+                          "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
+                          "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
+
+    def run_cell(self, cell: Cell, prefix: str, eval_cache: dict[str, Path]) -> dict[str, Any]:
+        cell_dir = self.out / "cells" / cell.name
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        (cell_dir / "error.txt").unlink(missing_ok=True)
+        write_json(cell_dir / "cell.json", {"name": cell.name, "labels": cell.labels, "overrides": cell.overrides,
+                                            "fits": cell.fits, "stage": cell.stage})
+        runs: dict[str, Any] = {}
+        checkpoint, alpha = None, None
+        if cell.fits:
+            sig1 = None
+            if cell.calibrates:
+                sig1 = signature({"base": self.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
+                runs["calibrate"] = self._fit(cell, "calibrate", self.fit_dir(cell, sig1), sig1, prefix)
+                checkpoint = Path(runs["calibrate"]["checkpoint"])
+            if cell.stage == "lora":
+                sig2 = signature({"base": self.spec.base_text("lora"), "overrides": cell.cli_overrides("lora"),
+                                  "stage1": sig1})
+                runs["lora"] = self._fit(cell, "lora", cell_dir / "lora", sig2, prefix, router_checkpoint=checkpoint)
+                checkpoint = Path(runs["lora"]["checkpoint"])
+                alpha = lora_alpha(self.spec, cell)
+        eval_dir = cell_dir / "eval"
+        argv = eval_argv(self.spec, cell, eval_dir, checkpoint, alpha)
+        eval_sig = signature({"argv": argv[:-3], "checkpoint_sig": [r.get("signature") for r in runs.values()]})
+        cached = eval_cache.get(eval_sig)
+        t0 = time.perf_counter()
+        if cached is not None and cached.resolve() != (eval_dir / "results.json").resolve() and cached.is_file():
+            eval_dir.mkdir(parents=True, exist_ok=True)
+            for name in ("results.json", "results.md"):
+                if (cached.parent / name).is_file():
+                    shutil.copyfile(cached.parent / name, eval_dir / name)
+            self.log(f"{prefix} eval: same model and settings as {cached.parent.parent.name}; result copied")
+            wall = 0.0
+        else:
+            self.log(f"{prefix} eval → {eval_dir}")
+            wall = self._run(argv, cell_dir / "eval.log", f"eval of {cell.name}")
+        results = read_json(eval_dir / "results.json")
+        if results is None:
+            raise CommandFailed(f"eval of {cell.name}", cell_dir / "eval.log", "results.json was not written")
+        eval_cache[eval_sig] = eval_dir / "results.json"
+        summary = results["summary"]
+        row = {
+            "format": FORMAT,
+            "cell": cell.name,
+            "labels": cell.labels,
+            "overrides": cell.overrides,
+            "status": "done",
+            "signature": self.cell_signature(cell),
+            "eval_signature": eval_sig,
+            "model": model_name(self.spec, cell),
+            "stage": cell.stage if cell.fits else "none",
+            "routing": None if cell.dense else routing_dict(self.spec, cell),
+            "runs": {k: {f: v.get(f) for f in ("steps", "tokens", "wall_s", "batch_size", "seq_len", "devices",
+                                               "accumulate_grad_batches", "dir")} for k, v in runs.items()},
+            "eval": {"wall_s": wall if cached is None else 0.0, "copied_from": str(cached) if cached else None,
+                     "argv": ["wide", *argv], "results": str(eval_dir / "results.json")},
+            "summary": summary,
+            "tasks": {t: {"score": r["score"], "metric": r["metric"], "n": r["n"],
+                          "sparsity": r["sparsity"]["sparsity"]} for t, r in results["tasks"].items()},
+            "hardware": results.get("hardware"),
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "eval_elapsed_s": time.perf_counter() - t0,
+        }
+        write_json(cell_dir / "result.json", row)
+        return row
+
+    def run(self) -> dict[str, Any]:
+        """Runs the grid; returns ``{"done", "skipped", "failed", "cells"}`` and writes the reports."""
+        from wide.grid.report import collect
+
+        cells = self.spec.cells()
+        if self.only:
+            cells = [c for c in cells if any(s in c.name for s in self.only)]
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.out / "grid.json", {"format": FORMAT, "grid": str(self.spec.path), "spec": self.spec.raw,
+                                            "overrides": self.spec.overrides, "eval": self.spec.eval,
+                                            "cells": [c.name for c in self.spec.cells()]})
+        eval_cache: dict[str, Path] = {}
+        todo, skipped = [], []
+        for cell in cells:
+            prev = read_json(self.out / "cells" / cell.name / "result.json")
+            if not self.force and prev and prev.get("eval_signature") and (self.out / "cells" / cell.name / "eval" / "results.json").is_file():
+                eval_cache.setdefault(prev["eval_signature"], self.out / "cells" / cell.name / "eval" / "results.json")
+            if not self.force and prev and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell):
+                skipped.append(cell.name)
+            else:
+                if prev and prev.get("signature") != self.cell_signature(cell):
+                    self.log(f"{cell.name}: settings changed since its last run; running it again")
+                todo.append(cell)
+        total = len(cells)
+        self.log(f"{total} cells in {self.out} ({len(skipped)} already finished, {len(todo)} to run, "
+                 f"launcher {self.launcher})")
+        for name in skipped:
+            self.log(f"[skip] {name}: finished earlier")
+        failed, done = [], []
+        t_start = time.perf_counter()
+        for i, cell in enumerate(todo, start=1):
+            prefix = f"[{len(skipped) + i}/{total}] {cell.name}:"
+            t0 = time.perf_counter()
+            try:
+                row = self.run_cell(cell, prefix, eval_cache)
+            except (CommandFailed, ValueError) as err:
+                failed.append(cell.name)
+                (self.out / "cells" / cell.name / "error.txt").write_text(str(err) + "\n")
+                self.log(f"{prefix} FAILED: {err}")
+                if self.fail_fast:
+                    break
+            else:
+                done.append(cell.name)
+                s = row["summary"]
+                parts = []
+                if s.get("ppl") is not None:
+                    parts.append(f"ppl {s['ppl']:.2f}")
+                if s.get("avg") is not None:
+                    parts.append(f"avg {100 * s['avg']:.1f}")
+                parts.append(f"sparsity {100 * s['sparsity']['sparsity']:.1f}% (target {100 * s['target_sparsity']:.0f}%)")
+                self.log(f"{prefix} done in {_duration(time.perf_counter() - t0)}: " + " · ".join(parts))
+            collect(self.spec, plots=False)
+            elapsed = time.perf_counter() - t_start
+            left = len(todo) - i
+            eta = f", ~{_duration(elapsed / i * left)} left" if left else ""
+            self.log(f"progress: {len(skipped) + i}/{total} cells ({len(done)} run, {len(skipped)} skipped, "
+                     f"{len(failed)} failed), elapsed {_duration(elapsed)}{eta}")
+        paths = collect(self.spec, plots=True)
+        self.log("wrote " + ", ".join(str(p) for p in paths))
+        if failed:
+            self.log(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see cells/<name>/error.txt); "
+                     "re-run the same command to retry them")
+        return {"done": done, "skipped": skipped, "failed": failed, "cells": [c.name for c in cells]}
+
+
+def run_stats(run_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    """Steps (from the checkpoint), batch geometry (from the run's saved config) and tokens seen.
+
+    ``tokens = steps × batch_size × seq_len × accumulate_grad_batches × devices`` (packed rows are
+    all real tokens; with ``mode: sample`` it counts padding too). ``devices: auto`` counts as 1.
+    """
+    import yaml
+
+    from wide.checkpoint import read_metadata
+
+    meta = read_metadata(checkpoint)
+    cfg = {}
+    for candidate in sorted(run_dir.glob("logs/*/config.yaml")) + [run_dir / "config.yaml"]:
+        if candidate.is_file():
+            cfg = yaml.safe_load(candidate.read_text()) or {}
+            break
+    data = cfg.get("data", {}) or {}
+    data = data.get("init_args", data)
+    trainer = cfg.get("trainer", {}) or {}
+    bs, seq = data.get("batch_size"), data.get("seq_len")
+    accum = trainer.get("accumulate_grad_batches") or 1
+    devices = trainer.get("devices")
+    n_dev = devices if isinstance(devices, int) else (len(devices) if isinstance(devices, list) else 1)
+    steps = int(meta["step"])
+    tokens = steps * bs * seq * accum * n_dev if isinstance(bs, int) and isinstance(seq, int) else None
+    return {"steps": steps, "tokens": tokens, "batch_size": bs, "seq_len": seq, "accumulate_grad_batches": accum,
+            "devices": devices, "precision": trainer.get("precision")}
