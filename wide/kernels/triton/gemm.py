@@ -11,10 +11,14 @@ Kernels
 - ``_gemm_mn_direct_kernel`` (small M, GEMV/skinny GEMM): grid over N tiles x token tiles in natural
   order; a tile whose groups no token executes skips reading the weights (the bytes win at M=1);
   otherwise it behaves like a dense skinny GEMM and zeroes masked outputs in the epilogue.
-- ``_gemm_k_kernel``: grid over (N tile, token tile, K split); loops over the groups some token needs
-  (the plan's compacted list), loading x rows masked by the token's decision for the group (inactive
-  rows are neither read nor counted). Split-K partials go to an fp32 workspace and are summed in a
-  fixed order by ``_splitk_reduce_kernel`` (deterministic: no atomics).
+- ``_gemm_k_kernel``: grid over (N tile, token tile, K split). Its K loop is either affine over all
+  chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
+  plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
+  tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace and
+  ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic: no atomics).
+- Dense paths (the host picks them where skipping cannot pay; see the notes in benchmarks/): large-M
+  gemm_k = ``_mask_columns_kernel`` + cuBLAS (with independent random masks every tile needs every
+  group); large-M gemm_mn/SwiGLU at high mask density = cuBLAS + ``_mask_epilogue_kernel``.
 """
 
 from __future__ import annotations
