@@ -91,7 +91,8 @@ class RoutedMLP(nn.Module):
 
             mask, plan = wl.kernel_mask("ffn")
             h = kernels.swiglu(x, gate.weight, up.weight, mask, plan=plan, backend=wl.backend)
-            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend)
+            # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again
+            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend, x_masked=True)
         return down(act(gate(x)) * up(x))
 
 
