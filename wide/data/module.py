@@ -14,7 +14,8 @@ and the mask is all ones (the model shifts labels itself).
 ``eos``), ``attention_mask = 0`` and ``labels = -100`` on padding; documents of fewer than 2 tokens
 are skipped and rows are taken in order until the token budget is spent.
 
-Training rows are shuffled by a generator seeded with ``seed``; validation rows are not.
+Training rows are shuffled by a generator seeded with ``seed`` and the epoch, through a resumable
+loader (:mod:`wide.data.resumable`); validation rows are not.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from wide.data.corpus import DEFAULT_VAL_FRACTION, split_indices
+from wide.data.resumable import ResumableLoader
 from wide.data.sources import check_source, load_documents
 from wide.data.tokens import TokenizedDocs, load_tokenizer, model_max_length, tokenize_documents
 
@@ -239,15 +241,13 @@ class TextDataModule(L.LightningDataModule):
         }
 
     def _loader(self, data: dict[str, np.ndarray], shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.hparams.seed) if shuffle else None
-        return DataLoader(
-            _RowDataset(data),
-            batch_size=self.hparams.batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+        workers = {"num_workers": self.hparams.num_workers, "persistent_workers": self.hparams.num_workers > 0}
+        if shuffle:  # resumable order, sharded over data-parallel ranks (see wide.data.resumable)
+            strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
+            ranks = getattr(strategy, "distributed_sampler_kwargs", None) or {}
+            return ResumableLoader(_RowDataset(data), batch_size=self.hparams.batch_size, seed=self.hparams.seed,
+                                   num_replicas=ranks.get("num_replicas", 1), rank=ranks.get("rank", 0), **workers)
+        return DataLoader(_RowDataset(data), batch_size=self.hparams.batch_size, shuffle=False, **workers)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_data is None:
