@@ -27,37 +27,69 @@ IDENTITY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attent
                    "intermediate_size", "vocab_size")
 
 
-def model_identity(model: nn.Module) -> dict[str, Any]:
-    """Architecture, shapes, a config hash and an embedding fingerprint of an HF causal LM."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+def config_identity(config) -> dict[str, Any]:
+    """Architecture, shapes and a hash of them, from an HF config alone (no weights needed)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     ident = {f: getattr(cfg, f, None) for f in IDENTITY_FIELDS}
     ident["config_hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    ident["name_or_path"] = getattr(cfg, "_name_or_path", "") or getattr(config, "_name_or_path", "")
+    return ident
+
+
+def model_identity(model: nn.Module) -> dict[str, Any]:
+    """Architecture, shapes, a config hash and an embedding fingerprint of an HF causal LM.
+
+    Reads the first embedding rows, so call it on the unsharded model (``WideTask`` caches it before FSDP).
+    """
+    ident = config_identity(model.config)
     emb = model.get_input_embeddings().weight
     with torch.no_grad():
         sample = emb[:16].detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
     ident["embedding_fingerprint"] = hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
-    ident["name_or_path"] = getattr(cfg, "_name_or_path", "") or getattr(model.config, "_name_or_path", "")
     return ident
 
 
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Router and LoRA tensors (whether or not they currently require grad), by parameter name."""
-    out = {}
-    for name, p in model.named_parameters():
-        if ".wide.routers." in f".{name}" or "lora_" in name:
-            out[name] = p.detach().to("cpu").contiguous()
-    return out
+    """Router and LoRA tensors (whether or not they currently require grad), by parameter name.
+
+    Full tensors even when the model is FSDP2-sharded; then every rank must call it (see
+    ``wide.distributed.gather_trained_state``).
+    """
+    from wide.distributed import gather_trained_state
+
+    return gather_trained_state(model)
+
+
+def check_finite(state: dict[str, torch.Tensor], step: int, path: Path) -> None:
+    bad = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise FloatingPointError(
+            f"non-finite trained tensors at step {step} ({len(bad)}, e.g. {bad[0]}); nothing was written, "
+            f"{path} keeps the last good state"
+        )
 
 
 def save_trained(model: nn.Module, path: str | os.PathLike, *, config: WideConfig, stage: str, step: int = 0,
-                 extra: Optional[dict[str, Any]] = None) -> Path:
-    """Writes the trained tensors of ``model`` to ``path`` (a ``.safetensors`` file), atomically."""
+                 extra: Optional[dict[str, Any]] = None, state: Optional[dict[str, torch.Tensor]] = None,
+                 identity: Optional[dict[str, Any]] = None) -> Path:
+    """Writes the trained tensors of ``model`` to ``path`` (a ``.safetensors`` file), atomically.
+
+    Args:
+        state: Already gathered tensors (default: ``trained_state(model)``).
+        identity: The base model's identity (default: ``model_identity(model)``; pass a cached one
+            for a sharded model).
+
+    Raises:
+        FloatingPointError: Some tensor is NaN or inf; the file at ``path`` is left as it was.
+    """
     path = Path(path)
+    state = trained_state(model) if state is None else state
+    check_finite(state, step, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": FORMAT,
         "wide_config": json.dumps(config.to_dict()),
-        "base_model": json.dumps(model_identity(model)),
+        "base_model": json.dumps(identity if identity is not None else model_identity(model)),
         "stage": stage,
         "step": str(int(step)),
         "extra": json.dumps(extra or {}),
@@ -65,7 +97,12 @@ def save_trained(model: nn.Module, path: str | os.PathLike, *, config: WideConfi
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(trained_state(model), tmp, metadata=meta)
+        save_file(state, tmp, metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; give it the permissions open() would
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the rename must not reach the disk before the data
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -80,8 +117,11 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         path = path / "routers.safetensors"
     if not path.is_file():
         raise ValueError(f"checkpoint: {path} does not exist")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:  # safetensors raises its own error type without the path
+        raise ValueError(f"checkpoint: {path} is not a safetensors file ({err})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"checkpoint: {path} is not a wide checkpoint (format {meta.get('format')!r})")
     return {
@@ -95,7 +135,11 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_identity(model: nn.Module, expected: dict[str, Any], where: str = "checkpoint") -> None:
-    have = model_identity(model)
+    check_identity_dicts(expected, model_identity(model), where)
+
+
+def check_identity_dicts(expected: dict[str, Any], have: dict[str, Any], where: str = "checkpoint") -> None:
+    """Raises ``ValueError`` naming every shape or weight difference between two model identities."""
     diffs = [f"{k}: checkpoint {expected.get(k)!r} vs model {have.get(k)!r}"
              for k in (*IDENTITY_FIELDS, "embedding_fingerprint") if expected.get(k) != have.get(k)]
     if diffs:

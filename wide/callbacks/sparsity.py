@@ -16,7 +16,8 @@ class SparsityMonitor(L.Callback):
     """Logs what the routers actually skip.
 
     Training (every ``log_every_n_steps``, the Trainer's logging cadence): ``sparsity/train/{attn,ffn}/layer_XX``
-    scalars, ``sparsity/train/total``, and a histogram of each valid token's active width (TensorBoard).
+    scalars and ``sparsity/train/total`` (means over data-parallel ranks, one all-reduce), and a histogram of
+    each valid token's active width (TensorBoard; rank 0's tokens).
     Validation: the same per-layer rates averaged over the whole validation set (weighted by valid
     tokens, reduced across ranks), logged at epoch end. Every ``heatmap_every_n_steps`` a token × layer
     heatmap of the active fraction of one training sequence goes to the logger and to
@@ -42,18 +43,24 @@ class SparsityMonitor(L.Callback):
             return
         step = trainer.global_step
         if step % max(1, trainer.log_every_n_steps) == 0:
-            self._log_rates(pl_module, stats, "train", batch["input_ids"].shape[0])
+            self._log_rates(trainer, pl_module, stats, "train", batch["input_ids"].shape[0])
             self._histogram(trainer, stats, step)
         if self.heatmap_every_n_steps and step % self.heatmap_every_n_steps == 0:
             self._heatmap(trainer, stats, step)
 
-    def _log_rates(self, pl_module, stats: "wide.SparsityStats", split: str, batch_size: int) -> None:
-        pl_module.log(f"sparsity/{split}/total", stats.realized(), batch_size=batch_size)
+    def _log_rates(self, trainer: L.Trainer, pl_module, stats: "wide.SparsityStats", split: str,
+                   batch_size: int) -> None:
+        rates = {"total": stats.realized()}
         for kind in stats.kinds:
-            pl_module.log(f"sparsity/{split}/{kind}", stats.realized(kind), batch_size=batch_size)
+            rates[kind] = stats.realized(kind)
             if self.log_per_layer:
                 for i, layer in enumerate(stats.layers):
-                    pl_module.log(f"sparsity/{split}/{kind}/layer_{layer:02d}", stats.skip[kind][i], batch_size=batch_size)
+                    rates[f"{kind}/layer_{layer:02d}"] = stats.skip[kind][i]
+        values = torch.stack([v.detach().float().reshape(()) for v in rates.values()])
+        if trainer.world_size > 1:  # one all-reduce for all of them: the mean over data-parallel ranks
+            values = trainer.strategy.reduce(values, reduce_op="mean")
+        for name, value in zip(rates, values):
+            pl_module.log(f"sparsity/{split}/{name}", value, batch_size=batch_size)
 
     def _histogram(self, trainer: L.Trainer, stats: "wide.SparsityStats", step: int) -> None:
         active = stats.token_active_mean()
@@ -119,7 +126,8 @@ class SparsityMonitor(L.Callback):
             return
         kinds = [k for k in self._val if "/" not in k]
         totals = {k: self._val[k].compute() for k in kinds}
-        pl_module.log("sparsity/val/total", torch.stack(list(totals.values())).mean())
+        # MeanMetric.compute() already reduces over ranks; sync_dist only keeps Lightning's bookkeeping exact
+        pl_module.log("sparsity/val/total", torch.stack(list(totals.values())).mean(), sync_dist=True)
         for key, metric in self._val.items():
-            pl_module.log(f"sparsity/val/{key}", metric.compute())
+            pl_module.log(f"sparsity/val/{key}", metric.compute(), sync_dist=True)
             metric.reset()
