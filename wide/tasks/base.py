@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from typing import Any, Optional
 
 import lightning as L
@@ -14,6 +17,12 @@ import wide
 from wide.config import WideConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
+    """The RNG seed of one training batch on one rank: a hash of all four, so no two batches share noise."""
+    key = f"{seed}:{epoch}:{batch_idx}:{rank}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
 
 
 class WideTask(L.LightningModule):
@@ -77,8 +86,11 @@ class WideTask(L.LightningModule):
         self.save_hyperparameters(ignore=["routing"])
         self.hparams["routing"] = routing.to_dict()
         self.model: Optional[nn.Module] = None
+        self.identity: Optional[dict[str, Any]] = None  # the backbone's identity, taken before any sharding
         self.val_nll = MeanMetric()
         self.val_skip = MeanMetric()
+        self.strict_loading = False  # resume checkpoints hold only the trained tensors
+        self._preflight_done = False
 
     # ----------------------------------------------------------------------------------------- model
     def _backbone_dtype(self) -> torch.dtype:
@@ -103,13 +115,37 @@ class WideTask(L.LightningModule):
         """Backbone → ``apply_wide``; stages extend this."""
         return wide.apply_wide(self.load_backbone(), self.routing)
 
+    def preflight(self, datamodule: Any = None, trainer: Any = None, ckpt_path: Any = None) -> None:
+        """Checks the model, routing, ``seq_len``, router and resume checkpoints and strategy without weights.
+
+        Raises ``ValueError`` naming the bad field before any weights are loaded (``wide.tasks.checks``).
+        """
+        from wide.tasks.checks import preflight
+
+        preflight(self, datamodule, trainer, ckpt_path)
+        self._preflight_done = True
+
+    def setup(self, stage: str) -> None:
+        if not self._preflight_done:
+            trainer = self._trainer
+            self.preflight(getattr(trainer, "datamodule", None), trainer, getattr(trainer, "ckpt_path", None))
+
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        self.model = self.build_model()
+        model = self.build_model()
         if self.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model.train(self.training)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train(self.training)
+        from wide.checkpoint import model_identity
+
+        self.identity = model_identity(model)
+        mesh = getattr(self, "_device_mesh", None)  # set by ModelParallelStrategy (wide.distributed.FSDP2Strategy)
+        if mesh is not None:
+            from wide.distributed import shard_model
+
+            shard_model(model, mesh["data_parallel"] if mesh.mesh_dim_names else mesh)
+        self.model = model
 
     def forward(self, **batch: Any):
         return self.model(**batch)
@@ -136,24 +172,46 @@ class WideTask(L.LightningModule):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=labels)
         return out
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Gumbel noise and LoRA dropout draw from the global RNG; seeding it per batch from (seed, epoch,
+        # batch, rank) makes every step's randomness independent of what ran before, so a run resumed
+        # from a checkpoint draws exactly what the uninterrupted run drew (Lightning does not restore RNG)
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by seed_everything
+        torch.manual_seed(batch_seed(seed, self.current_epoch, batch_idx, self.global_rank))
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean of ``values`` over data-parallel ranks (one all-reduce; identity on one process)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return values
+        return trainer.strategy.reduce(values, reduce_op="mean")
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self._lm_forward(batch)
         stats = wide.sparsity_stats(self.model)
         sp_loss, sp_logs = self.sparsity_loss(stats)
         loss = out.loss + sp_loss
-        if not torch.isfinite(loss.detach()):
-            raise FloatingPointError(
-                f"non-finite loss at step {self.global_step} (lm {out.loss.item():.4g}, sparsity {sp_loss.item():.4g}); "
-                "stopping: the last good checkpoint is kept"
-            )
+        logs = {"loss": loss, "lm_loss": out.loss, "sparsity": stats.realized(), **sp_logs}
+        # one all-reduce for every scalar; all ranks see the same values, so all stop together on NaN
+        values = self.mean_over_ranks(torch.stack([v.detach().float().reshape(()) for v in logs.values()]))
+        if not bool(torch.isfinite(values).all()):
+            raise FloatingPointError(self._non_finite_message(out.loss, sp_loss))
         bs = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        self.log("train/lm_loss", out.loss, prog_bar=True, batch_size=bs)
-        self.log("train/sparsity", stats.realized(), prog_bar=True, batch_size=bs)
-        for k, v in sp_logs.items():
-            self.log(f"train/{k}", v, batch_size=bs)
+        for (name, _), value in zip(logs.items(), values):
+            self.log(f"train/{name}", value, prog_bar=name in ("loss", "lm_loss", "sparsity"), batch_size=bs)
         self.log("train/tau", wide.modeling.runtime_of(self.model).tau, batch_size=bs)
         return loss
+
+    def _non_finite_message(self, lm_loss: torch.Tensor, sp_loss: torch.Tensor) -> str:
+        msg = (f"non-finite loss at step {self.global_step} (this rank: lm {lm_loss.item():.4g}, "
+               f"sparsity {sp_loss.item():.4g}); stopping")
+        from wide.callbacks.checkpoint import WideCheckpoint
+
+        ckpt = next((c for c in self.trainer.callbacks if isinstance(c, WideCheckpoint)), None)
+        if ckpt is not None and ckpt.dirpath is not None:
+            msg += (f". The last good files are kept in {ckpt.dirpath} ({ckpt.FILENAME}, last.ckpt); lower lr or "
+                    "lam, or resume with --ckpt_path last")
+        return msg
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -170,10 +228,10 @@ class WideTask(L.LightningModule):
         self.val_skip.update(stats.realized().float(), weight=n_tokens)
 
     def _log_eval(self, split: str) -> None:
-        nll = self.val_nll.compute()
-        self.log(f"{split}/loss", nll, prog_bar=True)
-        self.log(f"{split}/ppl", torch.exp(nll), prog_bar=True)
-        self.log(f"{split}/sparsity", self.val_skip.compute(), prog_bar=True)
+        nll = self.val_nll.compute()  # torchmetrics reduces over ranks (token-weighted)
+        self.log(f"{split}/loss", nll, prog_bar=True, sync_dist=True)
+        self.log(f"{split}/ppl", torch.exp(nll), prog_bar=True, sync_dist=True)
+        self.log(f"{split}/sparsity", self.val_skip.compute(), prog_bar=True, sync_dist=True)
         self.val_nll.reset()
         self.val_skip.reset()
 
@@ -213,17 +271,44 @@ class WideTask(L.LightningModule):
     # ---------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning's .ckpt is for resume only: keep just the trained tensors, not the frozen backbone
+        from wide.distributed import is_trained_name
+
         state = checkpoint["state_dict"]
-        keep = {n for n, p in self.named_parameters() if ".wide.routers." in f".{n}" or "lora_" in n}
         for k in list(state):
-            if k not in keep and not k.startswith("val_"):
+            if not is_trained_name(k) and not k.startswith("val_"):
                 del state[k]
-        checkpoint["wide_tau"] = wide.modeling.runtime_of(self.model).tau
+        # plain str / float only, so the file loads with torch.load(weights_only=True)
+        checkpoint["wide"] = {
+            "stage": self.stage,
+            "model": self.model_name,
+            "routing": json.dumps(self.routing.to_dict(), sort_keys=True),
+            "identity": json.dumps(self.identity, sort_keys=True),
+            "tau": float(wide.modeling.runtime_of(self.model).tau),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.configure_model()
-        if "wide_tau" in checkpoint:
-            wide.set_temperature(self.model, checkpoint["wide_tau"])
+        info = checkpoint.get("wide")
+        if info is None:
+            raise ValueError("ckpt_path: not a wide resume checkpoint (no 'wide' entry); pass a last.ckpt "
+                             "written by WideCheckpoint")
+        self._check_resume(info)
+        wide.set_temperature(self.model, info["tau"])
+
+    def _check_resume(self, info: dict[str, Any]) -> None:
+        if info["stage"] != self.stage:
+            raise ValueError(
+                f"ckpt_path: written by stage {info['stage']!r}, this run is stage {self.stage!r}; a resume "
+                "checkpoint continues the same run (stage 2 starts from stage-1 routers via router_checkpoint)"
+            )
+        saved, have = json.loads(info["routing"]), self.routing.to_dict()
+        diffs = [f"{k}: checkpoint {saved.get(k)!r} vs run {have.get(k)!r}"
+                 for k in sorted(set(saved) | set(have)) if saved.get(k) != have.get(k)]
+        if diffs:
+            raise ValueError("ckpt_path: made for another routing config; " + "; ".join(diffs))
+        from wide.checkpoint import check_identity_dicts
+
+        check_identity_dicts(json.loads(info["identity"]), self.identity, where="ckpt_path")
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         # resume checkpoints hold only trained tensors (see on_save_checkpoint)

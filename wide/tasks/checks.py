@@ -1,0 +1,118 @@
+"""Pre-flight checks: every bad input a run can be given fails here, with one clear error, before any compute.
+
+Reads only the model's ``config.json`` (no weights): architecture, routing fit (group sizes, GQA
+alignment, dense layers), ``seq_len`` against ``max_position_embeddings``, a stage-1 router checkpoint
+against the model's shapes, and the Lightning strategy. ``WideCLI`` runs it before ``fit``; the task
+runs it again in ``setup`` (it is cheap) for programmatic use.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from wide.config import WideConfig
+
+
+def load_model_config(name: str):
+    """The HF config of a model name, folder or asset (fetching the asset if needed and allowed)."""
+    from transformers import AutoConfig
+
+    from wide.assets import resolve_model
+
+    path = resolve_model(name)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"model: cannot read the config of {name!r} ({path}): {err}") from None
+
+
+def check_routing(config, routing: WideConfig) -> None:
+    """Architecture supported, and the routing fits every layer (what ``apply_wide`` checks, without weights)."""
+    from wide.modeling.architectures import arch_for
+    from wide.modeling.wrap import layer_shapes
+    from wide.policies import POLICIES
+
+    arch_for(config)
+    shapes = layer_shapes(SimpleNamespace(config=config))
+    n = len(shapes)
+    for i in routing.dense_layers:
+        if not -n <= i < n:
+            raise ValueError(f"dense_layers: index {i} is out of range for {n} layers")
+    policy = POLICIES.get(routing.granularity, field="granularity")()
+    for shape in shapes:
+        policy.validate(shape, routing)
+
+
+def check_seq_len(config, seq_len: Optional[int], model_name: str) -> None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if seq_len is not None and isinstance(limit, int) and seq_len > limit:
+        raise ValueError(
+            f"data.seq_len: {seq_len} exceeds the maximum sequence length of model {model_name!r} "
+            f"(max_position_embeddings={limit})"
+        )
+
+
+def check_router_checkpoint(config, path: str) -> None:
+    """A stage-1 checkpoint made for a model of other shapes fails before the model is loaded."""
+    from wide.checkpoint import IDENTITY_FIELDS, config_identity, read_metadata
+
+    expected = read_metadata(path)["base_model"]
+    have = config_identity(config)
+    diffs = [f"{k}: checkpoint {expected.get(k)!r} vs model {have.get(k)!r}"
+             for k in IDENTITY_FIELDS if expected.get(k) != have.get(k)]
+    if diffs:
+        made_for = expected.get("name_or_path") or expected.get("model_type")
+        raise ValueError(f"router_checkpoint: made for another model ({made_for}); " + "; ".join(diffs))
+
+
+def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
+    """The ``wide`` entry of a ``--ckpt_path`` file, loaded without unpickling code (``weights_only=True``).
+
+    ``None`` for Lightning's names (``last``, ...) and for paths that are not files (Lightning reports those).
+    """
+    from pathlib import Path
+
+    import torch
+
+    if path is None or path in ("last", "best", "hpc", "registry") or not Path(path).is_file():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        first = next((line for line in lines if "Unsupported global" in line), lines[0])
+        raise ValueError(f"ckpt_path: {path} cannot be loaded as plain tensors (weights_only=True), so it is "
+                         f"refused: {first}") from None
+    info = ckpt.get("wide") if isinstance(ckpt, dict) else None
+    if info is None:
+        raise ValueError(f"ckpt_path: {path} is not a wide resume checkpoint (no 'wide' entry); pass a last.ckpt "
+                         "written by WideCheckpoint")
+    return info
+
+
+def check_resume_file(path: Any, stage: str) -> None:
+    """A ``--ckpt_path`` file must be a wide resume checkpoint of the same stage, loadable without pickle."""
+    info = read_resume_file(path)
+    if info is not None and info.get("stage") != stage:
+        raise ValueError(
+            f"ckpt_path: written by stage {info.get('stage')!r}, this run is stage {stage!r}; a resume checkpoint "
+            "continues the same run (stage 2 starts from stage-1 routers via router_checkpoint)"
+        )
+
+
+def preflight(task: Any, datamodule: Any = None, trainer: Any = None, ckpt_path: Any = None) -> None:
+    """All checks for ``task`` (a ``WideTask``) with its datamodule and trainer; raises ``ValueError``."""
+    check_resume_file(ckpt_path, task.stage)
+    if trainer is not None:
+        from wide.distributed import check_strategy
+
+        check_strategy(trainer.strategy)
+    config = load_model_config(task.model_name)
+    check_routing(config, task.routing)
+    hparams = getattr(datamodule, "hparams", None)
+    check_seq_len(config, getattr(hparams, "seq_len", None), task.model_name)
+    router_checkpoint = getattr(task, "router_checkpoint", None)
+    if router_checkpoint is not None:
+        check_router_checkpoint(config, router_checkpoint)
