@@ -8,6 +8,7 @@ Other subcommands (``assets``, and those later issues add) are plain argparse pr
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Callable, Optional
 
@@ -41,6 +42,16 @@ class WideCLI(LightningCLI):
         parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
         parser.link_arguments("model.init_args.model", "data.tokenizer")
 
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the hyperparameters of a --ckpt_path file next; refuse a foreign or unsafe
+        # file here with one clear error
+        from wide.tasks.checks import read_resume_file
+
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            read_resume_file(self.config[subcommand].get("ckpt_path"))
+
     def _align_logger_versions(self) -> None:
         # TensorBoard and CSV loggers pick their versions independently; make the CSV files land in
         # the same run folder as the TensorBoard events, the routers and the heatmaps
@@ -50,14 +61,27 @@ class WideCLI(LightningCLI):
                 if hasattr(other, "_version") and getattr(other, "_experiment", None) is None:
                     other._version = loggers[0].version
 
-    def before_fit(self) -> None:
+    def _before(self) -> None:
         self._align_logger_versions()
+        config = self.config_init[self.subcommand]
+        if config.get("weights_only") is None:
+            config["weights_only"] = True  # our .ckpt files hold tensors and plain values only
+        from wide.callbacks import WideCheckpoint
+
+        ckpts = [c for c in self.trainer.callbacks if isinstance(c, WideCheckpoint)]
+        if config.get("ckpt_path") == "last" and ckpts and ckpts[0].dirpath is None:
+            raise ValueError("ckpt_path: 'last' needs a fixed --wide_checkpoint.dirpath (the default folder "
+                             "changes with every run version), e.g. the one of the run to resume")
+        self.model.preflight(self.datamodule, self.trainer, config.get("ckpt_path"))  # fails before any compute
+
+    def before_fit(self) -> None:
+        self._before()
 
     def before_validate(self) -> None:
-        self._align_logger_versions()
+        self._before()
 
     def before_test(self) -> None:
-        self._align_logger_versions()
+        self._before()
 
 
 def run_cli(args: Optional[list[str]] = None, run: bool = True) -> WideCLI:
@@ -83,11 +107,29 @@ def _resolve(target: str) -> Callable[[list[str]], Optional[int]]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Runs ``wide <subcommand>``. Bad input and numerical blow-ups print one ``wide <cmd>: error: ...`` line
+    and return 1; ``WIDE_TRACEBACK=1`` re-raises them with the full traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         return int(_resolve(SUBCOMMANDS[argv[0]])(argv[1:]) or 0)
-    run_cli(argv)
+    from wide.assets import AssetError
+
+    try:
+        run_cli(argv)
+    except (ValueError, FloatingPointError, AssetError) as err:
+        if os.environ.get("WIDE_TRACEBACK"):
+            raise
+        print(f"wide {argv[0] if argv else ''}: error: {_summary(err)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _summary(err: BaseException) -> str:
+    """The message of ``err``; for jsonargparse's nested union errors, only the validators' own lines."""
+    noise = ("Does not validate against", "Subtypes:", "Errors:", "Expected a <class", "Given value")
+    lines = [line.strip().removeprefix("- ") for line in str(err).splitlines()]
+    core = [line for line in lines if line and not line.startswith(noise)]
+    return "; ".join(dict.fromkeys(core)) or str(err)
 
 
 if __name__ == "__main__":
