@@ -1,0 +1,138 @@
+"""Multi-process training on Lightning's strategies: DDP and FSDP2 (``wide.distributed.FSDP2Strategy``).
+
+On CPU both run as 2 gloo processes. With routing made deterministic (training-free ``topk`` routers,
+LoRA without dropout) a 2-process run with 2 rows per rank must train the same LoRA as one process
+with 4 rows per step (same global batch: rank r takes every other row of the same order), and DDP and
+FSDP2 must agree with each other. The files they write are single, full safetensors that load on CPU.
+The ``gpu`` tests repeat this on 2 CUDA devices in bf16 (the H200 check is benchmarks/fsdp_check.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import wide
+from tests.reliability.conftest import (LORA_RECIPE, finish, fit_args, run_wide, run_wide_subprocess,
+                                        start_wide_subprocess)
+from wide.checkpoint import load_trained, read_metadata
+
+FSDP2 = '{"class_path": "wide.distributed.FSDP2Strategy"}'
+DETERMINISTIC_LORA = [
+    "--model.init_args.router_checkpoint", "null", "--model.init_args.routing.router", "topk",
+    "--model.init_args.routing.attn_group_size", "2", "--model.init_args.routing.ffn_group_size", "32",
+    "--model.init_args.train_routers", "false", "--model.init_args.lora_dropout", "0",
+    "--model.init_args.lr", "0.01", "--model.init_args.gradient_checkpointing", "false",
+    "--trainer.max_steps", "3", "--trainer.limit_val_batches", "2", "--trainer.val_check_interval", "3",
+    "--data.max_train_tokens", "400",
+]  # fmt: skip
+
+
+def _args(out, model_dir, corpus, rows_per_rank: int, *extra: str) -> list[str]:
+    csv = f'{{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {{"save_dir": "{out}"}}}}'
+    argv = fit_args(out, model_dir, corpus, *DETERMINISTIC_LORA, "--trainer.logger", csv,
+                    "--trainer.log_every_n_steps", "1", *extra, recipe=LORA_RECIPE)
+    argv[argv.index("--data.batch_size") + 1] = str(rows_per_rank)
+    return argv
+
+
+def _metrics(out) -> dict[str, dict[int, float]]:
+    """``metrics.csv`` of a run as {metric: {step: value}}."""
+    import csv
+
+    rows = list(csv.DictReader(open(next(out.glob("lightning_logs/version_*/metrics.csv")))))
+    table: dict[str, dict[int, float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value and key not in ("step", "epoch"):
+                table.setdefault(key, {})[int(row["step"])] = float(value)
+    return table
+
+
+def _two_processes(out, model_dir, corpus, strategy: str):
+    return start_wide_subprocess(_args(out, model_dir, corpus, 2, "--trainer.devices", "2",
+                                       "--trainer.strategy", strategy))
+
+
+def _trained(out, proc) -> dict[str, torch.Tensor]:
+    done = finish(proc, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return load_file(out / "wide/routers.safetensors")
+
+
+def _max_diff(a, b) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_path, tiny_model_dir, tiny_corpus,
+                                                                        capsys):
+    procs = {name: _two_processes(tmp_path / name, tiny_model_dir, tiny_corpus, strategy)
+             for name, strategy in (("ddp", "ddp"), ("fsdp", FSDP2))}  # both at once: most of it is start-up
+    rc, err = run_wide(_args(tmp_path / "one", tiny_model_dir, tiny_corpus, 4), capsys)
+    assert rc == 0, err[-3000:]
+    one = load_file(tmp_path / "one/wide/routers.safetensors")
+    ddp, fsdp = (_trained(tmp_path / name, proc) for name, proc in procs.items())
+
+    moved = max(t.abs().max().item() for k, t in one.items() if "lora_B" in k)
+    assert moved > 1e-2, "LoRA trained"
+    assert _max_diff(ddp, fsdp) < 1e-6, "DDP and FSDP2 compute the same update"
+    assert _max_diff(one, ddp) < 1e-3 * moved, "2 x 2 rows train like 1 x 4 rows (up to float summation order)"
+
+    # logged metrics are means over ranks: each rank alone sees other rows and another loss
+    logs = {name: _metrics(tmp_path / name) for name in ("one", "ddp", "fsdp")}
+    for name in ("ddp", "fsdp"):
+        for key in ("train/lm_loss", "train/loss", "val/loss", "sparsity/train/ffn/layer_01"):
+            ref, got = logs["one"][key], logs[name][key]
+            assert ref.keys() == got.keys() and ref, key
+            assert all(abs(ref[k] - got[k]) < 1e-5 for k in ref), (name, key, ref, got)
+
+    # the FSDP2 files are whole: one safetensors with every tensor, one resume checkpoint, both load on CPU
+    meta = read_metadata(tmp_path / "fsdp/wide/routers.safetensors")
+    assert meta["step"] == 3 and meta["stage"] == "lora"
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
+
+    model = wide.apply_wide(AutoModelForCausalLM.from_pretrained(tiny_model_dir), meta["wide_config"])
+    inject_adapter_in_model(LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                           "gate_proj", "up_proj", "down_proj"]), model)
+    load_trained(model, tmp_path / "fsdp/wide/routers.safetensors")
+    ckpt = torch.load(tmp_path / "fsdp/wide/last.ckpt", weights_only=True, map_location="cpu")
+    lora = {k for k in ckpt["state_dict"] if "lora_" in k}
+    assert ckpt["global_step"] == 3 and len(lora) == len([k for k in fsdp if "lora_" in k])
+    assert all(type(t) is torch.Tensor for t in ckpt["state_dict"].values()), "gathered, not sharded"
+
+
+@pytest.mark.slow
+def test_fsdp2_run_killed_mid_training_resumes_bit_exact(tmp_path, tiny_model_dir, tiny_corpus):
+    from tests.reliability.test_resume import RUN
+
+    two = ["--trainer.devices", "2", "--trainer.strategy", FSDP2, "--data.max_train_tokens", "400"]
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    assert run_wide_subprocess(fit_args(full, tiny_model_dir, tiny_corpus, *RUN, *two), timeout=300).returncode == 0
+    kill = ["--trainer.callbacks", "tests.reliability.faults.HardExit", "--trainer.callbacks.at_step", "5"]
+    proc = run_wide_subprocess(fit_args(crashed, tiny_model_dir, tiny_corpus, *RUN, *two, *kill), timeout=300)
+    assert proc.returncode != 0 and read_metadata(crashed / "wide/routers.safetensors")["step"] == 4
+    proc = run_wide_subprocess(fit_args(crashed, tiny_model_dir, tiny_corpus, *RUN, *two, "--ckpt_path", "last"),
+                               timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _max_diff(load_file(full / "wide/routers.safetensors"), load_file(crashed / "wide/routers.safetensors")) == 0
+
+
+def _cuda_devices() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_devices() < 2, reason="needs 2 CUDA devices")
+def test_fsdp2_on_two_gpus_in_bf16_matches_one_gpu(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    gpu = ["--trainer.accelerator", "gpu", "--trainer.precision", "bf16-mixed"]
+    one = _args(tmp_path / "one", tiny_model_dir, tiny_corpus, 4, *gpu, "--trainer.devices", "1")
+    assert run_wide(one, capsys)[0] == 0
+    proc = run_wide_subprocess(_args(tmp_path / "two", tiny_model_dir, tiny_corpus, 2, *gpu, "--trainer.devices", "2",
+                                     "--trainer.strategy", FSDP2), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a, b = load_file(tmp_path / "one/wide/routers.safetensors"), load_file(tmp_path / "two/wide/routers.safetensors")
+    moved = max(t.abs().max().item() for k, t in a.items() if "lora_B" in k)
+    assert _max_diff(a, b) < 0.05 * moved, "bf16: same training up to rounding"

@@ -1,0 +1,52 @@
+"""WideTask pieces that need no training run: per-batch seeds, pre-flight checks, resume-file checks."""
+
+import pytest
+import torch
+
+import wide
+from tests.conftest import tiny_config, tiny_model
+from wide.tasks.base import batch_seed
+from wide.tasks.checks import check_resume_file, check_router_checkpoint, check_routing, check_seq_len
+
+
+def test_batch_seed_depends_on_every_coordinate_and_nothing_else():
+    base = batch_seed(17, 0, 5, 0)
+    assert base == batch_seed(17, 0, 5, 0) and 0 <= base < 2**63
+    assert len({base, batch_seed(18, 0, 5, 0), batch_seed(17, 1, 5, 0), batch_seed(17, 0, 6, 0),
+                batch_seed(17, 0, 5, 1), batch_seed(17, 0, 50, 0), batch_seed(17, 0, 0, 5)}) == 7
+
+
+def test_checks_read_the_config_only():
+    cfg = tiny_config("qwen2")
+    check_routing(cfg, wide.WideConfig(attn_group_size=2, ffn_group_size=32, dense_layers=[-1]))
+    with pytest.raises(ValueError, match="^ffn_group_size: 48 does not divide the FFN width 128"):
+        check_routing(cfg, wide.WideConfig(ffn_group_size=48))
+    with pytest.raises(ValueError, match="^dense_layers: index -4 is out of range for 3 layers"):
+        check_routing(cfg, wide.WideConfig(ffn_group_size=32, dense_layers=[-4]))
+    check_seq_len(cfg, 256, "m")
+    with pytest.raises(ValueError, match="^data.seq_len: 257 exceeds .* model 'm' \\(max_position_embeddings=256\\)"):
+        check_seq_len(cfg, 257, "m")
+
+
+def test_router_checkpoint_shapes_checked_from_the_config(tmp_path):
+    from wide.checkpoint import save_trained
+
+    routing = wide.WideConfig(attn_group_size=2, ffn_group_size=32)
+    path = save_trained(wide.apply_wide(tiny_model("llama"), routing), tmp_path / "r.safetensors", config=routing,
+                        stage="calibrate")
+    check_router_checkpoint(tiny_config("llama"), str(path))
+    other = "^router_checkpoint: made for another model .*intermediate_size: checkpoint 128 vs model 256"
+    with pytest.raises(ValueError, match=other):
+        check_router_checkpoint(tiny_config("llama", intermediate_size=256), str(path))
+
+
+def test_resume_file_checked_before_anything_loads(tmp_path):
+    check_resume_file("last", "calibrate")
+    check_resume_file(None, "calibrate")
+    torch.save({"wide": {"stage": "lora"}}, tmp_path / "lora.ckpt")
+    check_resume_file(str(tmp_path / "lora.ckpt"), "lora")
+    with pytest.raises(ValueError, match="^ckpt_path: written by stage 'lora', this run is stage 'calibrate'"):
+        check_resume_file(str(tmp_path / "lora.ckpt"), "calibrate")
+    torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
+    with pytest.raises(ValueError, match="plain.ckpt is not a wide resume checkpoint"):
+        check_resume_file(str(tmp_path / "plain.ckpt"), "calibrate")
