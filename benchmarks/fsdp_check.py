@@ -42,7 +42,11 @@ FSDP2 = '{"class_path": "wide.distributed.FSDP2Strategy"}'
 CPU = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--data.seq_len", "128"]
 
 
+LINES: list[str] = []
+
+
 def log(msg: str) -> None:
+    LINES.append(msg)
     print(msg, flush=True)
 
 
@@ -217,7 +221,7 @@ def check_checkpoint(out: Path, model: str, name: str, steps: int) -> None:
     load_trained(cpu, path)
     cpu.eval()
     with torch.no_grad():
-        ids = torch.randint(100, 1000, (1, 64))
+        ids = torch.randint(100, 1000, (1, 64), generator=torch.Generator().manual_seed(0))
         logits = cpu(ids).logits
     log(f"[{name}] loaded on CPU: logits finite {bool(torch.isfinite(logits).all())}, realized sparsity "
         f"{wide.sparsity_stats(cpu).realized().item():.3f} (target {meta['wide_config'].sparsity})")
@@ -241,6 +245,8 @@ def main() -> None:
     parser.add_argument("--no-seed-run", action="store_true", help="skip the noise-floor run")
     parser.add_argument("--cpu", action="store_true", help="test this script without GPUs (2 gloo processes)")
     parser.add_argument("--fetch", action="store_true", help="fetch missing assets (needs network)")
+    parser.add_argument("--report", help="copy the small results here: summary, metrics.csv and log per run, "
+                        "the FSDP2 routers.safetensors (not the model)")
     args = parser.parse_args()
     steps = 6 if args.smoke else args.steps
     out = Path(args.out).resolve()
@@ -270,6 +276,17 @@ def main() -> None:
         if n != "seed":
             check_checkpoint(out, model, n, steps)
     log("\nwall time per run (s, incl. start-up): " + ", ".join(f"{n} {w:.0f}" for n, w in walls.items()))
+    if args.report:
+        import shutil
+
+        report = Path(args.report)
+        report.mkdir(parents=True, exist_ok=True)
+        for n in names:
+            shutil.copy(next((out / n).glob("lightning_logs/version_*/metrics.csv")), report / f"{n}_metrics.csv")
+            shutil.copy(out / f"{n}.log", report / f"{n}.log")
+        shutil.copy(out / "fsdp2" / "wide" / "routers.safetensors", report / "fsdp2_routers.safetensors")
+        (report / "summary.txt").write_text("\n".join(LINES) + "\n")
+        print(f"report: {report}")
 
 
 if __name__ == "__main__":
