@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
                  tie_word_embeddings=True, rms_norm_eps=1e-6)
@@ -139,7 +140,8 @@ def run(name: str, recipe: str, model: str, corpus: str, out: Path, steps: int, 
             "--wide_checkpoint.dirpath", str(run_dir / "wide"), "--wide_checkpoint.every_n_steps", str(steps),
             "--sparsity_monitor.heatmap_every_n_steps", "0", *extra]
     log(f"\n[{name}] " + " ".join(a if " " not in a else repr(a) for a in argv[1:]))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = time.time()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.time() - start
