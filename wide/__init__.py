@@ -10,6 +10,7 @@ from wide.modeling import (
     set_temperature,
     sparsity_stats,
 )
+from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode
 from wide.policies import POLICIES, Policy, register_policy
 from wide.routers import ROUTERS, Router, RouterSpec, register_router
 
@@ -25,6 +26,10 @@ __all__ = [
     "SparsityStats",
     "WideConfig",
     "apply_wide",
+    "enable_kernels",
+    "export",
+    "load",
+    "set_coherent_decode",
     "is_routed",
     "register_policy",
     "register_router",
