@@ -42,14 +42,8 @@ class LoRARecovery(WideTask):
         lora_dropout: float = 0.1,
         lora_targets: Optional[list[str]] = None,
         train_routers: bool = True,
-        lam: float = 20.0,
         lr: float = 2e-4,
-        weight_decay: float = 0.01,
-        warmup_ratio: float = 0.1,
-        min_lr_ratio: float = 0.0,
-        dtype: Optional[str] = None,
-        attn_implementation: str = "sdpa",
-        gradient_checkpointing: bool = False,
+        **kwargs,
     ):
         if router_checkpoint is not None:
             meta = read_metadata(router_checkpoint)  # fail early on a bad path, before any model load
@@ -61,8 +55,7 @@ class LoRARecovery(WideTask):
             routing = meta["wide_config"]
         if not (isinstance(lora_r, int) and lora_r > 0):
             raise ValueError(f"lora_r: must be a positive integer, got {lora_r!r}")
-        super().__init__(model, routing, lam, lr, weight_decay, warmup_ratio, min_lr_ratio, dtype,
-                         attn_implementation, gradient_checkpointing)
+        super().__init__(model, routing, lr=lr, **kwargs)  # the other WideTask arguments pass through
         self.router_checkpoint = router_checkpoint
         self.lora_r = lora_r
         self.lora_alpha = lora_alpha
