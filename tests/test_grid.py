@@ -10,6 +10,8 @@ from eval.fakes import build_fake_olmo_eval
 from wide.grid import grid_main, load_grid, run_grid
 from wide.grid.commands import eval_argv, fit_argv
 
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+
 ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS = sorted((ROOT / "recipes" / "ablations").glob("*.yaml"))
 SMOL = ROOT / "recipes" / "smollm2-135m"
@@ -145,6 +147,16 @@ def test_tiny_2x2_grid_tables_plots_and_resume(tmp_path, tiny_model_dir, tiny_co
     again = run_grid(str(path), launcher="inprocess", overrides={"eval.limit": 1}, only=["wide__target=0.5"])
     assert again["done"] == ["method=wide__target=0.5"]
     assert "reusing" in capsys.readouterr().err
+
+    # an interrupted fit (resume checkpoint written, no done marker) continues from Lightning's last.ckpt
+    fit_dir = Path(result["runs"]["calibrate"]["dir"])
+    if not (fit_dir / "last.ckpt").is_file():
+        pytest.skip("WideCheckpoint wrote no last.ckpt: nothing to resume from")
+    (fit_dir / "done.json").unlink()
+    (out / "cells/method=wide__target=0.5/result.json").unlink()
+    resumed = run_grid(str(path), launcher="inprocess", overrides={"eval.limit": 1}, only=["wide__target=0.5"])
+    assert resumed["done"] == ["method=wide__target=0.5"] and "resuming from" in capsys.readouterr().err
+    assert json.loads((fit_dir / "done.json").read_text())["resumed"]
 
 
 def test_lora_cells_share_stage1_and_skip_calibration(tmp_path, tiny_model_dir, tiny_corpus):

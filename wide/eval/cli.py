@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=None,
                    help="asset name, local folder or hub name (default: the checkpoint's model, else smollm2-135m)")
-    p.add_argument("--model", dest="model_opt", default=None, help="same as the positional MODEL")
+    p.add_argument("--model", dest="model_opt", metavar="MODEL", default=None, help="same as the positional MODEL")
     p.add_argument("--checkpoint", default=None,
                    help="trained-tensor .safetensors from `wide fit` (stage 1 or 2), or its folder; carries its WideConfig")
     p.add_argument("--lora-alpha", type=float, default=None,

@@ -146,11 +146,21 @@ def hardware(device: torch.device) -> dict[str, Any]:
     import wide
 
     out = {"device": str(device), "torch": torch.__version__, "transformers": transformers.__version__,
-           "wide": wide.__version__, "python": platform.python_version(), "cpu": platform.processor() or
-           platform.machine(), "threads": torch.get_num_threads()}
+           "wide": wide.__version__, "python": platform.python_version(), "cpu": _cpu_name(),
+           "threads": torch.get_num_threads()}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def write_result(result: dict[str, Any], output: str | Path) -> tuple[Path, Path]:

@@ -85,11 +85,14 @@ def fit_argv(spec: GridSpec, cell: Cell, stage: str, run_dir: Path, router_check
     if base is None:
         raise ValueError(f"cell {cell.name}: stage {stage} needs the grid's lora_base recipe")
     argv = ["fit", "--config", str(base)]
+    full_routing = stage == "lora" and router_checkpoint is None
     for key, value in cell.cli_overrides(stage).items():
+        if full_routing and key.startswith("model.init_args.routing."):
+            continue  # the whole effective routing is passed below
         argv += [f"--{key}", cli_value(value)]
     if router_checkpoint is not None:
         argv += ["--model.init_args.router_checkpoint", str(router_checkpoint)]
-    elif stage == "lora":  # no stage 1 (skip_calibration): LoRA starts from the cell's full routing
+    elif full_routing:  # no stage 1 (skip_calibration): LoRA starts from the cell's full routing
         argv += ["--model.init_args.router_checkpoint", "null",
                  "--model.init_args.routing", json.dumps(routing_dict(spec, cell))]
     loggers = [

@@ -135,8 +135,13 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
     run_rows = [r for r in rows if r.get("runs")]
     if run_rows:
         lines += ["### Runs", "", "| cell | stage | steps | tokens | wall time | batch × seq_len |", "|---|---|---:|---:|---:|---|"]
+        first: dict[str, str] = {}
         for r in run_rows:
             for stage, run in r["runs"].items():
+                shared = first.setdefault(str(run.get("dir")), r["cell"])
+                if shared != r["cell"]:
+                    lines.append(f"| {r['cell']} | {stage} | same run as {shared} | | | |")
+                    continue
                 lines.append(f"| {r['cell']} | {stage} | {_num(run.get('steps'))} | {_num(run.get('tokens'))} | "
                              f"{_secs(run.get('wall_s'))} | {run.get('batch_size')} × {run.get('seq_len')} |")
         lines.append("")

@@ -88,7 +88,7 @@ class GridRunner:
         self.out = Path(self.spec.output)
 
     # ------------------------------------------------------------------------------------ commands
-    def _run(self, argv: list[str], log_path: Path, what: str) -> float:
+    def _run(self, argv: list[str], log_path: Path, what: str, append: bool = False) -> float:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         if self.launcher == "inprocess":
@@ -106,7 +106,7 @@ class GridRunner:
             return time.perf_counter() - t0
         cmd = [sys.executable, "-m", "wide.cli", *argv]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with log_path.open("w") as sink:
+        with log_path.open("a" if append else "w") as sink:
             sink.write("$ wide " + " ".join(argv) + "\n")
             sink.flush()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -130,16 +130,30 @@ class GridRunner:
         if not self.force and done and done.get("signature") == sig and ckpt.is_file():
             self.log(f"{prefix} fit {stage}: reusing {run_dir}")
             return done
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
         argv = fit_argv(self.spec, cell, stage, run_dir, router_checkpoint)
+        started = read_json(run_dir / "started.json")
+        resume = run_dir / "last.ckpt"
+        resuming = not self.force and started and started.get("signature") == sig and resume.is_file()
+        if resuming:
+            # an interrupted run of the same settings: continue from Lightning's resume checkpoint; the
+            # wall time of earlier attempts counts up to their last resume checkpoint
+            argv += ["--ckpt_path", str(resume)]
+            prior = started.get("prior_wall_s", 0.0) + max(0.0, resume.stat().st_mtime - started["attempt_start"])
+            self.log(f"{prefix} fit {stage}: resuming from {resume}")
+        else:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            prior = 0.0
+        write_json(run_dir / "started.json", {"signature": sig, "cell": cell.name, "stage": stage,
+                                              "attempt_start": time.time(), "prior_wall_s": prior})
         self.log(f"{prefix} fit {stage} → {run_dir}")
-        wall = self._run(argv, run_dir / "fit.log", f"fit {stage} of {cell.name}")
+        wall = prior + self._run(argv, run_dir / "fit.log", f"fit {stage} of {cell.name}", append=bool(resuming))
         if not ckpt.is_file():
             raise CommandFailed(f"fit {stage} of {cell.name}", run_dir / "fit.log", f"{ckpt} was not written")
         info = run_stats(run_dir, ckpt)
-        info.update({"signature": sig, "stage": stage, "cell": cell.name, "overrides": cell.cli_overrides(stage), "wall_s": wall, "argv": ["wide", *argv], "dir": str(run_dir),
-                     "checkpoint": str(ckpt)})
+        info.update({"resumed": bool(resuming), "signature": sig, "run_id": f"{sig}-{time.time():.0f}",
+                     "stage": stage, "cell": cell.name, "overrides": cell.cli_overrides(stage), "wall_s": wall,
+                     "argv": ["wide", *argv], "dir": str(run_dir), "checkpoint": str(ckpt)})
         write_json(run_dir / "done.json", info)
         self.log(f"{prefix} fit {stage} done: {info['steps']} steps, {info['tokens']:,} tokens, {_duration(wall)}")
         return info
@@ -177,7 +191,8 @@ class GridRunner:
                 alpha = lora_alpha(self.spec, cell)
         eval_dir = cell_dir / "eval"
         argv = eval_argv(self.spec, cell, eval_dir, checkpoint, alpha)
-        eval_sig = signature({"argv": argv[:-3], "checkpoint_sig": [r.get("signature") for r in runs.values()]})
+        # the same model (same fit runs, or no fit) under the same eval settings gives the same result
+        eval_sig = signature({"argv": argv[:-3], "runs": [r.get("run_id", r.get("signature")) for r in runs.values()]})
         cached = eval_cache.get(eval_sig)
         t0 = time.perf_counter()
         if cached is not None and cached.resolve() != (eval_dir / "results.json").resolve() and cached.is_file():
@@ -235,8 +250,9 @@ class GridRunner:
         todo, skipped = [], []
         for cell in cells:
             prev = read_json(self.out / "cells" / cell.name / "result.json")
-            if not self.force and prev and prev.get("eval_signature") and (self.out / "cells" / cell.name / "eval" / "results.json").is_file():
-                eval_cache.setdefault(prev["eval_signature"], self.out / "cells" / cell.name / "eval" / "results.json")
+            prev_eval = self.out / "cells" / cell.name / "eval" / "results.json"
+            if not self.force and prev and prev.get("eval_signature") and prev_eval.is_file():
+                eval_cache.setdefault(prev["eval_signature"], prev_eval)
             if not self.force and prev and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell):
                 skipped.append(cell.name)
             else:
