@@ -45,8 +45,8 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("grid", help="grid YAML file")
     p.add_argument("--output", default=None, help="output folder (default: the file's `output`, else runs/grid/<stem>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for every cell (a LightningCLI dotted key, calibrate./lora. scoped key, or eval.<option>); "
-                        "repeatable")
+                   help="override for every cell (a LightningCLI dotted key, calibrate./lora. scoped key, or eval.<option>), "
+                        "applied before the axes (an axis setting the same key wins); repeatable")
     p.add_argument("--launcher", default="subprocess", choices=["subprocess", "inprocess"],
                    help="run each fit/eval in a fresh process (default) or in this one")
     p.add_argument("--only", action="append", default=[], metavar="SUBSTRING", help="run only matching cells (repeatable)")

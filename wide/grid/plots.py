@@ -67,7 +67,7 @@ def plot_score_vs_sparsity(spec: GridSpec, rows: list[dict[str, Any]], path: Pat
             ys = [y * (100 if metric == "avg" else 1) for _, y in pts]
             color = f"C{i % 10}"
             if all(x == 0 for x, _ in pts):
-                ax.axhline(sum(ys) / len(ys), color=color, linestyle="--", linewidth=1.2, label=f"{name} (dense)")
+                ax.axhline(sum(ys) / len(ys), color=color, linestyle="--", linewidth=1.2, label=name if "dense" in name else f"{name} (no skipping)")
                 continue
             ax.plot([x for x, _ in pts], ys, marker="o", color=color, label=name)
         ax.set_xlabel("realized sparsity (%)")
