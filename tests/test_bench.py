@@ -29,3 +29,29 @@ def test_decode_nll_equals_teacher_forced_forward():
     logits = model(ids).logits[:, 4:-1]
     ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 5:].reshape(-1))
     assert abs(decode_nll(model, ids, prefix=5) - ref.item()) < 1e-4
+
+
+def test_static_rewind_keeps_the_context_fixed_across_decode_steps():
+    """What the CUDA-graph decode replays: one step plus a device-side rewind of the static cache."""
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    from tests.conftest import tiny_model
+    from wide.bench import _static_rewind
+
+    model = tiny_model("llama")
+    prompt, new = torch.randint(3, 96, (2, 6)), torch.randint(3, 96, (2, 1))
+    cache = StaticCache(config=model.config, max_cache_len=8)
+    with torch.inference_mode():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(6))
+        rewind = _static_rewind(cache, 6)
+        outs = []
+        for _ in range(5):  # more steps than the cache has free slots
+            outs.append(model(input_ids=new, past_key_values=cache, use_cache=True,
+                              cache_position=torch.tensor([6])).logits)
+            rewind()
+        ref_cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=ref_cache, use_cache=True)
+        ref = model(input_ids=new, past_key_values=ref_cache, use_cache=True).logits
+    for out in outs:
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)

@@ -106,15 +106,21 @@ class DecodeRunner:
         with torch.inference_mode():
             self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1,
                        cache_position=torch.arange(self.context, device=dev))
+            rewind = _static_rewind(cache, self.context)
+
+            def decode_step():
+                self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+                rewind()  # the next replay writes the same slot: the context stays fixed
+
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+                for _ in range(3):  # compiles the Triton kernels and fills the allocator before capture
+                    decode_step()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+                decode_step()
         self.cache, self.graph = cache, graph
 
     def step(self):
@@ -124,6 +130,23 @@ class DecodeRunner:
         with torch.inference_mode():
             self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
             self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
+
+
+def _static_rewind(cache, length: int) -> Callable[[], None]:
+    """A function that sets a static cache's write position back to ``length`` with device ops only.
+
+    transformers >= 5 static layers keep their own ``cumulative_length`` device counter and advance it
+    on every update (older ones write at the ``cache_position`` given): a captured decode step that
+    did not rewind it would write one slot further on each replay and run off the cache's end.
+    """
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def rewind() -> None:
+        for c in counters:
+            c.fill_(length)
+    rewind()
+    return rewind
 
 
 def run(args) -> list[dict]:

@@ -142,3 +142,39 @@ def test_exported_smollm2_reloads_and_generates_on_cpu(tmp_path):
     text = tok.decode(out[0], skip_special_tokens=True)
     assert len(out[0]) > enc["input_ids"].shape[1] and text.startswith("The capital of France is")
     assert 0.3 < wide.sparsity_stats(again).realized().item() < 0.7
+
+
+def test_static_cache_decode_uses_fused_attention_only_without_padding(monkeypatch):
+    """Decode steps over a static cache run the fused decode attention with per-row lengths taken
+    from the mask (no host sync) when the batch is unpadded; a left-padded batch keeps the reference."""
+    from wide import kernels
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32))
+    enable_kernels(model, "torch")
+    calls = []
+    real = kernels.attention_decode
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("lengths"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "attention_decode", spy)
+    ids = torch.randint(3, 96, (2, 7))
+    am = torch.ones_like(ids)
+    fast = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    assert calls and all(c is not None for c in calls)
+    assert calls[0].tolist() == [8, 8]  # 7 prompt tokens + the new one visible, the empty tail hidden
+    set_kernels(model, False)
+    slow = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
+    assert torch.equal(fast, slow)
+
+    set_kernels(model, True)
+    calls.clear()
+    am = torch.ones_like(ids)
+    am[0, :3] = 0  # left padding: the mask has holes, so no length per row describes it
+    fast = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    assert calls == []
+    set_kernels(model, False)
+    slow = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    assert torch.equal(fast, slow)

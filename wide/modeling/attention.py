@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -26,19 +28,38 @@ def _base_function(module, base: str):
     return ALL_ATTENTION_FUNCTIONS[base]
 
 
-def _kernel_ok(module, attention_mask, kwargs) -> bool:
-    # the fused kernels handle plain causal attention over a complete cache; padding masks, sliding
-    # windows, soft-capping and attention dropout take the reference path
-    return (
-        attention_mask is None
-        and kwargs.get("sliding_window") is None
-        and kwargs.get("softcap") is None
-        and not kwargs.get("dropout")
-        and not kwargs.get("output_attentions")
-    )
+def _kernel_ok(module, layer, query, attention_mask, kwargs) -> bool:
+    # the fused kernels handle plain causal attention over a complete cache, and decode steps over a
+    # static cache of an unpadded batch; padding masks, sliding windows, soft-capping and attention
+    # dropout take the reference path
+    if (kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None or kwargs.get("dropout")
+            or kwargs.get("output_attentions")):
+        return False
+    if attention_mask is None:
+        return True
+    return _static_decode_mask(layer, query, attention_mask)
 
 
-def _kernel_attention(layer, query, key, value, scaling):
+def _static_decode_mask(layer, query, attention_mask) -> bool:
+    """A decode step (one query per row) whose 4D mask only hides the static cache's empty tail."""
+    if not (query.shape[2] == 1 and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+            and attention_mask.shape[2] == 1):
+        return False
+    return layer.runtime.padded(_visible(attention_mask)) is False
+
+
+def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` bool: the keys a decode mask ``[B, 1, 1, S]`` (bool or additive) lets each row see."""
+    m = attention_mask[:, 0, 0, :]
+    return m if m.dtype == torch.bool else m == 0
+
+
+def _valid_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int32 count of visible keys per row of an unpadded decode mask."""
+    return _visible(attention_mask).sum(-1, dtype=torch.int32)
+
+
+def _kernel_attention(layer, query, key, value, scaling, attention_mask=None):
     from wide import kernels
 
     mask, plan = layer.kernel_mask("attn")
@@ -47,7 +68,9 @@ def _kernel_attention(layer, query, key, value, scaling):
     v = value.transpose(1, 2)
     t = q.shape[1]
     if t == 1:
-        return kernels.attention_decode(q, k, v, mask, scale=scaling, backend=layer.backend)
+        # unpadded rows see a prefix of the cache: the mask reduces to a length per row (no host sync)
+        lengths = _valid_lengths(attention_mask) if attention_mask is not None else None
+        return kernels.attention_decode(q, k, v, mask, lengths=lengths, scale=scaling, backend=layer.backend)
     # without a mask, transformers means sdpa's is_causal, which aligns queries to the *first* keys
     # (a static cache holds its empty tail after them): no query sees past key t-1
     return kernels.attention_prefill(q, k[:, :t], v[:, :t], mask, causal=True, scale=scaling, plan=plan,
@@ -58,8 +81,8 @@ def _make(base: str):
     def routed_attention(module, query, key, value, attention_mask, **kwargs):
         layer = getattr(module, "_wide_layer", None)
         if layer is not None and layer.head_mask is not None and layer.use_kernels() and _kernel_ok(
-                module, attention_mask, kwargs):
-            return _kernel_attention(layer, query, key, value, kwargs.get("scaling")), None
+                module, layer, query, attention_mask, kwargs):
+            return _kernel_attention(layer, query, key, value, kwargs.get("scaling"), attention_mask), None
         out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
         if layer is not None and layer.head_mask is not None:
             out = mask_heads(out, layer.head_mask)

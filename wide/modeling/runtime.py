@@ -79,18 +79,22 @@ class CoherentDecode:
         import math
 
         prob = logits.float().softmax(-1)[..., 0].mean(dim=(0, 1))  # [G]
-        ema = state.get("ema")
-        ema = prob if ema is None else self.memory * ema + (1 - self.memory) * prob
-        state["ema"] = ema
-        step = state.get("step", 0)
-        if "selection" not in state or step % self.refresh_every == 0 or state["selection"].shape != ema.shape:
-            g = ema.shape[0]
-            keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
-            sel = torch.zeros(g, dtype=torch.float32, device=ema.device)
-            sel[ema.topk(keep).indices] = 1.0
-            state["selection"] = sel
-        state["step"] = step + 1
-        return state["selection"].expand(logits.shape[0], logits.shape[1], -1)
+        g = prob.shape[0]
+        if state.get("ema") is None or state["ema"].shape != prob.shape:
+            # first decode step of a sequence: start the memory and select now
+            state["ema"] = prob.clone()
+            state["selection"] = torch.zeros(g, dtype=torch.float32, device=prob.device)
+            state["step"] = torch.zeros((), dtype=torch.int64, device=prob.device)
+        # everything below updates device tensors in place and branches on the device, so a decode
+        # step captured in a CUDA graph keeps the memory and the refresh schedule on every replay
+        ema, sel, step = state["ema"], state["selection"], state["step"]
+        ema.mul_(self.memory).add_(prob, alpha=1.0 - self.memory)
+        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
+        fresh = torch.zeros_like(sel).index_fill_(0, ema.topk(keep).indices, 1.0)
+        refresh = torch.remainder(step, self.refresh_every) == 0
+        sel.copy_(torch.where(refresh, fresh, sel))
+        step.add_(1)
+        return sel.expand(logits.shape[0], logits.shape[1], -1)
 
 
 @dataclass
@@ -103,9 +107,39 @@ class WideRuntime:
     coherent: Optional[CoherentDecode] = None
     _records: dict = field(default_factory=dict)
 
-    def begin_forward(self, valid: Optional[torch.Tensor]) -> None:
+    _pad_src: Optional[torch.Tensor] = None
+    _padded: Optional[bool] = None
+
+    def begin_forward(self, valid: Optional[torch.Tensor], tokens: Optional[int] = None,
+                      masked: Optional[bool] = None) -> None:
+        """Starts a forward over ``tokens`` new tokens per row with 2D validity ``valid`` (``None``: all valid).
+
+        A prefill (``tokens > 1``) starts a sequence and remembers how padding can be told (see
+        :meth:`padded`); ``masked`` says whether the caller passed any attention mask (a prepared 4D
+        one, as ``generate`` builds for static caches, hides padding from ``valid``).
+        """
         self.valid = valid
         self._records = {}
+        if tokens is None or tokens > 1:
+            self._pad_src = valid
+            self._padded = None if (valid is not None or masked) else False
+
+    def padded(self, decode_mask: Optional[torch.Tensor] = None) -> Optional[bool]:
+        """Whether the current sequence holds padding (``None``: cannot tell).
+
+        Decided once per sequence, on first use: from the prefill's 2D padding mask, else from a decode
+        step's visibility ``decode_mask [B, S]`` (unpadded rows see a prefix of the cache). That costs
+        one host sync, in the first decode step (a CUDA-graph capture comes after eager warm-up steps).
+        """
+        if self._padded is None:
+            if self._pad_src is not None:
+                self._padded = not bool(self._pad_src.all())
+                self._pad_src = None
+            elif decode_mask is not None:
+                n = decode_mask.sum(-1, keepdim=True)
+                prefix = torch.arange(decode_mask.shape[-1], device=decode_mask.device) < n
+                self._padded = not bool((decode_mask == prefix).all())
+        return self._padded
 
     def record(self, layer_idx: int, kind: str, mask: torch.Tensor) -> None:
         """Accounts one execute mask ``[B, T, G]`` (float, may carry straight-through gradient)."""

@@ -170,8 +170,8 @@ def _begin_hook(runtime: WideRuntime, text_cfg, module, args, kwargs):
     impl = text_cfg._attn_implementation
     if not (impl or "").startswith("wide_"):
         text_cfg._attn_implementation = routed_name(impl)
-    valid, _ = _valid_tokens(args, kwargs)
-    runtime.begin_forward(valid)
+    valid, tokens = _valid_tokens(args, kwargs)
+    runtime.begin_forward(valid, tokens, masked=kwargs.get("attention_mask") is not None)
 
 
 def _route_hook(wl: WideLayer, kind: str, module, args, kwargs):
