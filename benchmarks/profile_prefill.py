@@ -1,0 +1,101 @@
+"""Where routed prefill time goes: torch.profiler tables for dense vs routed, same model, one run.
+
+Builds the ``wide bench`` Llama-3.1-8B-shaped model (random bf16 weights, ``--layers`` of them),
+times a batch-1 prefill of ``--tokens`` tokens dense and then routed (synthetic masks at
+``--sparsity``), and prints for each the GPU time per op family (kernel names grouped) and the
+gap between wall time and summed GPU time (launch / host overhead, host syncs).
+
+    python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def family(name: str) -> str:
+    n = name.lower()
+    for key, label in (("gemm_mn", "routed gemm_mn/swiglu"), ("swiglu", "routed gemm_mn/swiglu"),
+                       ("gemm_k", "routed gemm_k"), ("_attn", "routed attention"), ("partition", "routing plan"),
+                       ("flash", "dense attention"), ("fmha", "dense attention"), ("cudnn", "dense attention"),
+                       ("gemm", "cuBLAS GEMM"), ("gemv", "cuBLAS GEMM"), ("nvjet", "cuBLAS GEMM"),
+                       ("cutlass", "cuBLAS GEMM"), ("mask_epilogue", "routed gemm_mn/swiglu")):
+        if key in n:
+            return label
+    return "elementwise / other"
+
+
+def profile(fn, iters: int):
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / iters
+    groups: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0)
+        if t and e.device_type.name == "CUDA":
+            groups[family(e.key)] += t / 1e3 / iters
+            count[family(e.key)] += e.count // iters
+    syncs = sum(e.count for e in p.key_averages() if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                                 "aten::item", "aten::_local_scalar_dense")) // iters
+    return wall, dict(groups), dict(count), syncs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=3)
+    args = ap.parse_args()
+
+    import wide
+    from wide.bench import _tokens, build_model
+    from wide.modeling.inference import enable_kernels
+
+    torch.manual_seed(0)
+    model = build_model(None, args.layers, "cuda", torch.bfloat16)
+    ids = _tokens(model, (1, args.tokens), "cuda")
+
+    def fn():
+        with torch.inference_mode():
+            model(input_ids=ids, logits_to_keep=1, use_cache=False)
+
+    results = {"dense": profile(fn, args.iters)}
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
+    model.eval()
+    enable_kernels(model)
+    for wl in wide.modeling.runtime_of(model).layers:
+        for r in wl.routers.values():
+            r.rate = args.sparsity
+    results["routed"] = profile(fn, args.iters)
+
+    print(f"prefill T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")
+    for name, (wall, groups, count, syncs) in results.items():
+        gpu = sum(groups.values())
+        print(f"\n{name}: wall {wall:.2f} ms, summed GPU time {gpu:.2f} ms, host gap {wall - gpu:.2f} ms, "
+              f"host syncs per forward {syncs}")
+        for g, t in sorted(groups.items(), key=lambda kv: -kv[1]):
+            print(f"  {g:28s} {t:8.2f} ms  {count[g]:5d} launches")
+    print(f"\ndense/routed wall: {results['dense'][0] / results['routed'][0]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
