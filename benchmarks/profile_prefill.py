@@ -3,9 +3,12 @@
 Builds the ``wide bench`` Llama-3.1-8B-shaped model (random bf16 weights, ``--layers`` of them),
 times a batch-1 prefill of ``--tokens`` tokens dense and then routed (synthetic masks at
 ``--sparsity``), and prints for each the GPU time per op family (kernel names grouped) and the
-gap between wall time and summed GPU time (launch / host overhead, host syncs).
+gap between wall time and summed GPU time (launch / host overhead, host syncs). ``--decode B`` profiles
+instead one eager decode step of B rows after a ``--tokens`` context (dynamic cache): the GPU time per
+op family is what a CUDA graph replays, the host gap is what it removes.
 
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8
+    python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 1
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=0, help="profile a decode step of this many rows instead")
     args = ap.parse_args()
 
     import wide
@@ -74,9 +78,25 @@ def main() -> None:
     model = build_model(None, args.layers, "cuda", torch.bfloat16)
     ids = _tokens(model, (1, args.tokens), "cuda")
 
+    state: dict = {}
+
     def fn():
         with torch.inference_mode():
             model(input_ids=ids, logits_to_keep=1, use_cache=False)
+
+    if args.decode:
+        from transformers import DynamicCache
+
+        ids = _tokens(model, (args.decode, args.tokens), "cuda")
+        new = _tokens(model, (args.decode, 1), "cuda")
+
+        def fn():  # noqa: F811 - the decode variant
+            with torch.inference_mode():
+                if "cache" not in state:
+                    state["cache"] = DynamicCache(config=model.config)
+                    model(input_ids=ids, past_key_values=state["cache"], use_cache=True, logits_to_keep=1)
+                model(input_ids=new, past_key_values=state["cache"], use_cache=True)
+                state["cache"].crop(-1)
 
     results = {"dense": profile(fn, args.iters)}
     wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
@@ -85,9 +105,11 @@ def main() -> None:
     for wl in wide.modeling.runtime_of(model).layers:
         for r in wl.routers.values():
             r.rate = args.sparsity
+    state.clear()
     results["routed"] = profile(fn, args.iters)
 
-    print(f"prefill T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")
+    what = f"decode step, batch {args.decode}, context" if args.decode else "prefill"
+    print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")
     for name, (wall, groups, count, syncs) in results.items():
         gpu = sum(groups.values())
         print(f"\n{name}: wall {wall:.2f} ms, summed GPU time {gpu:.2f} ms, host gap {wall - gpu:.2f} ms, "

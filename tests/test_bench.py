@@ -55,3 +55,29 @@ def test_static_rewind_keeps_the_context_fixed_across_decode_steps():
         ref = model(input_ids=new, past_key_values=ref_cache, use_cache=True).logits
     for out in outs:
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_sliced_dense_decode_attention_equals_the_masked_default():
+    """The bench's strongest dense decode baseline computes the same step as transformers' default."""
+    import torch
+    from transformers import StaticCache
+
+    from tests.conftest import tiny_model
+    from wide.bench import SLICED, _register_sliced, _slice_len, _static_rewind
+
+    model = tiny_model("llama")
+    _register_sliced()
+    prompt, new = torch.randint(3, 96, (2, 6)), torch.randint(3, 96, (2, 1))
+    outs = {}
+    for impl in ("sdpa", SLICED):
+        model.config._attn_implementation = impl
+        _slice_len[0] = 7 if impl == SLICED else None
+        cache = StaticCache(config=model.config, max_cache_len=10)
+        with torch.inference_mode():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(6))
+            _static_rewind(cache, 6)
+            outs[impl] = model(input_ids=new, past_key_values=cache, use_cache=True,
+                               cache_position=torch.tensor([6])).logits
+    _slice_len[0] = None
+    model.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(outs[SLICED], outs["sdpa"], atol=1e-5, rtol=1e-4)

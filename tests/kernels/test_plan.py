@@ -49,3 +49,43 @@ def test_triton_partition_matches_torch(shape):
     perm, counts = partition(mask)
     ref_perm, ref_counts = _stable_partition(mask)
     assert torch.equal(perm, ref_perm) and torch.equal(counts, ref_counts)
+
+
+def test_density_hint_is_used_without_reading_the_mask(monkeypatch):
+    from wide.kernels.plan import RoutingPlan
+
+    mask = torch.rand(3, 5, 4) < 0.5
+    plan = make_plan(mask, density_hint=0.5)
+
+    def no_sync(self):
+        raise AssertionError("measured the density on the host")
+
+    monkeypatch.setattr(RoutingPlan, "density", no_sync)
+    assert plan.expected_density() == 0.5
+    assert plan.known_all_active() is False  # a hint never licenses skipping a masking pass
+    with pytest.raises(ValueError, match="density_hint"):
+        make_plan(mask, density_hint=1.5)
+
+
+@pytest.mark.parametrize("hint", [None, 0.0, 1.0])
+@pytest.mark.parametrize("all_on", [False, True])
+def test_density_hint_changes_the_path_never_the_result(monkeypatch, hint, all_on):
+    """A wrong hint (dense path for a sparse mask, routed for a full one) still gives exact results."""
+    from wide import kernels
+    from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "DENSE_MIN_M", 8)
+    monkeypatch.setattr(tg, "K_PREMASK_MIN_M", 8)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 9, 32, generator=g)
+    w_gate, w_up = torch.randn(64, 32, generator=g), torch.randn(64, 32, generator=g)
+    w_down = torch.randn(32, 64, generator=g)
+    mask = torch.ones(2, 9, 4, dtype=torch.bool) if all_on else torch.rand(2, 9, 4, generator=g) < 0.5
+    plan = make_plan(mask, density_hint=hint)
+    h = kernels.swiglu(x, w_gate, w_up, mask, plan=plan, backend="triton")
+    y = kernels.gemm_k(h, w_down, mask, plan=plan, backend="triton")
+    y2 = kernels.gemm_k(x @ w_gate.t(), w_down, mask, plan=plan, backend="triton")
+    ref_h = kernels.swiglu(x, w_gate, w_up, mask, backend="torch")
+    torch.testing.assert_close(h, ref_h, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y, kernels.gemm_k(ref_h, w_down, mask, backend="torch"), atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(y2, kernels.gemm_k(x @ w_gate.t(), w_down, mask, backend="torch"), atol=1e-3, rtol=1e-4)

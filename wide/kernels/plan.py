@@ -19,14 +19,20 @@ class RoutingPlan:
 
     Args:
         mask: routing decision ``[B, T, G]`` or ``[M, G]`` (bool, True = execute).
+        density_hint: expected fraction of executed (token, group) pairs (the router's target, say).
+            When given, kernels choose between their routed and dense paths from it without reading
+            the mask on the host (no synchronization); it never changes results, only speed.
     """
 
-    def __init__(self, mask: torch.Tensor):
+    def __init__(self, mask: torch.Tensor, density_hint: float | None = None):
         if mask.dtype != torch.bool:
             raise TypeError(f"RoutingPlan needs a bool mask, got {mask.dtype}")
         if mask.dim() < 2:
             raise ValueError(f"mask must be [..., G], got shape {tuple(mask.shape)}")
+        if density_hint is not None and not 0.0 <= density_hint <= 1.0:
+            raise ValueError(f"density_hint: must be in [0, 1], got {density_hint!r}")
         self.mask = mask
+        self.density_hint = density_hint
         self._cache: dict[str, object] = {}
 
     @property
@@ -83,6 +89,15 @@ class RoutingPlan:
             self._cache["density"] = float(self.mask.sum().item()) / max(1, self.mask.numel())
         return self._cache["density"]  # type: ignore[return-value]
 
+    def expected_density(self) -> float:
+        """``density_hint`` when given (no host sync), else the measured :meth:`density`."""
+        return self.density_hint if self.density_hint is not None else self.density()
+
+    def known_all_active(self) -> bool:
+        """True only when every pair is known to execute: measured (one host sync) when no hint was
+        given; with a hint, never assumed (the caller then keeps its masking pass)."""
+        return self.density_hint is None and self.density() == 1.0
+
     def materialize(self, flat: bool | None = None) -> "RoutingPlan":
         """Compute the cached tensors now (before a graph capture, say); ``None`` builds both orders."""
         self.group_list()
@@ -118,10 +133,11 @@ def _stable_partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return perm, counts
 
 
-def make_plan(mask: torch.Tensor) -> RoutingPlan:
+def make_plan(mask: torch.Tensor, density_hint: float | None = None) -> RoutingPlan:
     """Build a reusable routing plan for a bool mask ``[B, T, G]`` (or ``[M, G]``).
 
     The tensors are computed on first use and cached; call ``plan.materialize()`` to compute them
-    eagerly (e.g. before capturing a CUDA graph that uses the plan).
+    eagerly (e.g. before capturing a CUDA graph that uses the plan). ``density_hint`` (expected
+    executed fraction) lets kernels pick their path without a host sync.
     """
-    return RoutingPlan(mask)
+    return RoutingPlan(mask, density_hint)

@@ -54,8 +54,18 @@ class WideLayer(nn.Module):
             from wide.kernels import make_plan
 
             mask = self.group_mask[kind] > 0.5
-            self._kernel_masks[kind] = (mask, make_plan(mask))
+            self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind)))
         return self._kernel_masks[kind]
+
+    def _density_hint(self, kind: str) -> Optional[float]:
+        # the router's expected rate lets the kernels pick a path with no host sync; forced masks
+        # (tests, analysis) have no router behind them and are measured instead
+        if self.forced:
+            return None
+        router = self.routers[kind] if kind in self.routers else self.routers["layer"] if "layer" in self.routers else None
+        if router is None:
+            return None
+        return min(1.0, max(0.0, 1.0 - router.expected_sparsity()))
 
     def use_kernels(self) -> bool:
         return self.kernels_enabled and not self.training

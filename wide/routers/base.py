@@ -58,6 +58,15 @@ class Router(nn.Module):
         """Returns logits ``[B, T, G, 2]`` for ``hidden [B, T, D]``."""
         raise NotImplementedError
 
+    def expected_sparsity(self) -> float:
+        """The skip rate this router is expected to realize (its target unless it knows better).
+
+        Routed inference passes ``1 - expected_sparsity()`` to the kernels as a density hint, so they
+        choose their routed or dense path without reading the mask on the host; it never changes
+        results. Override it if your router realizes a rate far from ``spec.target_sparsity``.
+        """
+        return float(self.spec.target_sparsity)
+
     def extra_repr(self) -> str:
         return f"kind={self.spec.kind}, layer={self.spec.layer_idx}, groups={self.num_groups}"
 

@@ -28,6 +28,9 @@ class RandomRouter(Router):
         self.seed = seed
         self._gen: Optional[torch.Generator] = None
 
+    def expected_sparsity(self) -> float:
+        return float(self.rate)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gen = None
         if self.seed is not None:

@@ -166,12 +166,12 @@ class TritonBackend(KernelBackend):
         act_id = tg.ACTIVATIONS[act]
         if config is None and M >= tg.DENSE_MIN_M and not _capturing(x):
             plan = _plan_for(mask, plan)
-            if plan.density() >= tg.dense_density(group):
+            if plan.expected_density() >= tg.dense_density(group):
                 config = ("dense", None)
         kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
         if kernel == "dense":
             mask2 = mask.reshape(-1, ng).view(torch.uint8)
-            all_active = _plan_for(mask, plan).density() == 1.0
+            all_active = not _capturing(x) and _plan_for(mask, plan).known_all_active()
             tg.gemm_mn_dense(x2, w, w2, bias, out2, mask2, group, act_id, swiglu, all_active)
         elif kernel == "direct":
             mask2 = mask.reshape(-1, ng).view(torch.uint8)
@@ -201,7 +201,7 @@ class TritonBackend(KernelBackend):
         cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
         if cfg.variant == "premask" and not x_masked and not _capturing(x):
             # an all-true mask makes the masking pass a copy: skip it (one host sync per plan, prefill only)
-            x_masked = _plan_for(mask, plan).density() == 1.0
+            x_masked = _plan_for(mask, plan).known_all_active()
         if cfg.variant == "list":
             glist, nlist = _plan_for(mask, plan).group_list()
         else:
