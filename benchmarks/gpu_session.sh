@@ -41,6 +41,8 @@ recv)
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
 bench|smollm|qwen) detach "$1" ;;
+stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
+  pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 grid) shift; grid_parallel "$@" ;;   # grid file, output, "gpu ...", --only groups (SETS / ONLY_ALL from the env)
 _bench)
   export CUDA_VISIBLE_DEVICES=1
