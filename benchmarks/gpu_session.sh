@@ -66,18 +66,18 @@ _smollm)
   ;;
 _qwen)
   unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -3
-  # after the SmolLM2 grid and the bench have left the GPUs (memory: a 1.5B fit of 16 x 1024 tokens holds ~60 GB)
-  for i in $(seq 120); do grep -q SMOLLM_DONE /tmp/logs/smollm.log 2>/dev/null && grep -q BENCH_DONE /tmp/logs/bench.log 2>/dev/null && break; sleep 10; done
-  # FSDP2 (2 GPUs) vs 1 GPU, same global batch; the grid's fits run beside it
-  python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-60} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 &
+  # FSDP2 (2 GPUs) vs 1 GPU, same global batch, once the SmolLM2 grid has left GPU 0 (a 1.5B fit of
+  # 16 x 1024 tokens holds ~60 GB); the Qwen grid starts at once on the GPUs in QWEN_GPUS
+  ( for i in $(seq 120); do grep -q SMOLLM_DONE /tmp/logs/smollm.log 2>/dev/null && break; sleep 10; done
+    python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-50} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 ) &
   fsdp=$!
-  sleep 60
   ONLY_ALL=(--only "method=dense__" --only "stage=calibrate" --only "method=wide__")
-  # same global batch as the recipe (16 x 1024 tokens) in two micro-batches of 8, to share the GPUs
-  SETS="--set trainer.max_steps=${QWEN_STEPS:-100} --set trainer.val_check_interval=50 --set eval.limit=${QWEN_LIMIT:-500} --set data.batch_size=8 --set trainer.accumulate_grad_batches=2" \
-    grid_parallel recipes/ablations/quality_qwen2.5-1.5b.yaml runs/quality/qwen2.5-1.5b "1 1 0 1 0" \
-    "method=dense__,method=topk__stage=calibrate" "method=wide__" "method=depth__stage=calibrate" \
-    "method=sublayer__stage=calibrate" "method=static__stage=calibrate"
+  # same global batch as the recipe (16 x 1024 tokens) in micro-batches of QWEN_MB rows, to share the GPUs
+  mb=${QWEN_MB:-4}
+  SETS="--set trainer.max_steps=${QWEN_STEPS:-100} --set trainer.val_check_interval=50 --set eval.limit=${QWEN_LIMIT:-500} --set data.batch_size=$mb --set trainer.accumulate_grad_batches=$((16 / mb))" \
+    grid_parallel recipes/ablations/quality_qwen2.5-1.5b.yaml runs/quality/qwen2.5-1.5b "${QWEN_GPUS:-1 1 1 1}" \
+    "method=wide__" "method=depth__stage=calibrate" "method=sublayer__stage=calibrate" \
+    "method=dense__,method=topk__stage=calibrate,method=static__stage=calibrate"
   mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
   wait $fsdp
   echo QWEN_DONE

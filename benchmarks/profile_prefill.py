@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--decode", type=int, default=0, help="profile a decode step of this many rows instead")
+    ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     args = ap.parse_args()
 
     import wide
@@ -107,6 +108,19 @@ def main() -> None:
             r.rate = args.sparsity
     state.clear()
     results["routed"] = profile(fn, args.iters)
+
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(args.iters):
+            fn()
+        torch.cuda.synchronize()
+        pr.disable()
+        print(f"routed host hot spots ({args.iters} forwards):")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
     what = f"decode step, batch {args.decode}, context" if args.decode else "prefill"
     print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")

@@ -50,3 +50,26 @@ def test_resume_file_checked_before_anything_loads(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
     with pytest.raises(ValueError, match="plain.ckpt is not a wide resume checkpoint"):
         check_resume_file(str(tmp_path / "plain.ckpt"), "calibrate")
+
+
+def test_initial_trained_weights_depend_on_the_seed_only(tiny_model_dir, monkeypatch):
+    """Routers and LoRA start from the same values whatever the RNG state, the default device a strategy
+    sets while building (a single-GPU strategy builds under its GPU, FSDP2 on the CPU), or the rank."""
+    from wide.tasks import LoRARecovery
+
+    def trained_init(seed, ctx):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        task = LoRARecovery(model=tiny_model_dir, routing=wide.WideConfig(attn_group_size=2, ffn_group_size=32),
+                            lora_r=4)
+        torch.rand(1000)  # RNG state left by whatever ran before
+        with ctx:
+            task.configure_model()
+        return {n: p.detach().clone() for n, p in task.model.named_parameters() if p.requires_grad}
+
+    a = trained_init(17, torch.device("cpu"))
+    b = trained_init(17, torch.device("meta"))  # stands for "another device": building must not follow it
+    c = trained_init(18, torch.device("cpu"))
+    assert a.keys() == b.keys() and any("lora_A" in k for k in a) and any(".wide.routers." in k for k in a)
+    assert all(t.device.type == "cpu" for t in b.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a if "lora_B" not in k)

@@ -133,7 +133,14 @@ class WideTask(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        model = self.build_model()
+        # Build on the CPU from one fixed RNG state: router and LoRA initial values then depend only on the
+        # seed, not on where the strategy creates tensors (a single-device strategy creates them on its GPU,
+        # with that GPU's generator; FSDP2 on the CPU) nor on the rank, so every strategy and world size
+        # starts from the same weights. Lightning moves (or shards) the model onto the devices afterwards.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            torch.manual_seed(seed)
+            model = self.build_model()
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train(self.training)
