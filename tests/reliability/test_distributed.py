@@ -134,5 +134,8 @@ def test_fsdp2_on_two_gpus_in_bf16_matches_one_gpu(tmp_path, tiny_model_dir, tin
                                      "--trainer.strategy", FSDP2), timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     a, b = load_file(tmp_path / "one/wide/routers.safetensors"), load_file(tmp_path / "two/wide/routers.safetensors")
-    moved = max(t.abs().max().item() for k, t in a.items() if "lora_B" in k)
-    assert _max_diff(a, b) < 0.05 * moved, "bf16: same training up to rounding"
+    # bf16 rounding flips the sign of near-zero gradients, and Adam turns each into a full +-lr step, so
+    # single elements may differ by ~lr; the updates as a whole must agree (another seed gives ~1.4)
+    assert a.keys() == b.keys()
+    rel = max(((a[k] - b[k]).norm() / a[k].norm().clamp_min(1e-12)).item() for k in a if "lora_B" in k)
+    assert rel < 0.25, f"bf16: same training up to rounding (largest relative LoRA-B difference {rel:.3f})"
