@@ -73,3 +73,22 @@ def test_initial_trained_weights_depend_on_the_seed_only(tiny_model_dir, monkeyp
     assert all(t.device.type == "cpu" for t in b.values())
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a if "lora_B" not in k)
+
+
+def test_sparsity_target_applies_to_the_global_batch_across_ranks(tiny_model_dir):
+    """With 2 ranks the gap is |target - mean of the ranks' rates| (not the mean of per-rank gaps), and this
+    rank's gradient is sign(mean - target) * d(local rate), which rank-averaging turns into the 1-device one."""
+    from types import SimpleNamespace
+
+    from wide.tasks import RouterCalibration
+
+    task = RouterCalibration(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32), lam=2.0)
+    task._trainer = SimpleNamespace(world_size=2)
+    other_rank = torch.tensor(0.2)
+    task.mean_over_ranks = lambda v: (v + other_rank) / 2  # this rank's rate and the other rank's 0.2
+    local = torch.tensor(0.7, requires_grad=True)
+    stats = SimpleNamespace(kinds=["ffn"], realized=lambda kind=None, differentiable=False: local)
+    loss, logs = task.sparsity_loss(stats)
+    assert abs(loss.item() - 2.0 * abs(0.5 - 0.45)) < 1e-6  # per-rank gaps would give 2 * (0.2 + 0.3) / 2
+    loss.backward()
+    assert local.grad.item() == -2.0  # sign(0.45 - 0.5) * lam: pushes this rank's rate up, as on one device

@@ -163,16 +163,31 @@ class WideTask(L.LightningModule):
         cfg = self.routing
         logs = {}
         if cfg.per_kind_targets:
+            kinds = list(stats.kinds)
+            realized = self.global_rates(torch.stack([stats.realized(k, differentiable=True) for k in kinds]))
             terms = []
-            for kind in stats.kinds:
-                realized = stats.realized(kind, differentiable=True)
-                terms.append((cfg.target_for(kind) - realized).abs())
+            for kind, rate in zip(kinds, realized):
+                terms.append((cfg.target_for(kind) - rate).abs())
                 logs[f"gap_{kind}"] = terms[-1].detach()
             gap = torch.stack(terms).sum()
         else:
-            gap = (cfg.sparsity - stats.realized(differentiable=True)).abs()
+            gap = (cfg.sparsity - self.global_rates(stats.realized(differentiable=True))).abs()
         logs["gap"] = gap.detach()
         return self.lam * gap, logs
+
+    def global_rates(self, local: torch.Tensor) -> torch.Tensor:
+        """Skip rates of the whole global batch, with this rank's gradient (straight-through).
+
+        The target applies to the global batch, as on one device: ``|target - mean over ranks|``, not the
+        mean of each rank's own gap (larger, by Jensen, and pulling each rank separately). The value is
+        the all-reduced mean; the gradient flows through this rank's rate, and the strategy's gradient
+        averaging over ranks then gives exactly the one-device gradient ``sign · ∇ mean rate``.
+        """
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return local
+        mean = self.mean_over_ranks(local.detach().float()).to(local.dtype)
+        return mean + (local - local.detach())
 
     def _lm_forward(self, batch: dict[str, torch.Tensor]):
         labels = batch.get("labels", batch["input_ids"])
