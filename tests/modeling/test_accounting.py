@@ -42,3 +42,19 @@ def test_forced_all_off_attention_passes_residual():
     ref = model.lm_head(model.model.norm(model.model.embed_tokens(ids)))
     assert torch.allclose(out, ref, atol=1e-6)
     assert wide.sparsity_stats(model).realized().item() == 1.0
+
+
+def test_accounting_is_computed_when_read_from_the_masks_of_the_last_forward():
+    """record() only keeps the masks: a forward nobody reads launches no accounting work, and stats read
+    after a CUDA-graph replay see the masks that replay wrote into the captured buffers."""
+    model = tiny_model("llama", num_hidden_layers=2)
+    wide.apply_wide(model, wide.WideConfig(attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    model(torch.randint(3, 96, (2, 5)))
+    runtime = wide.modeling.runtime_of(model)
+    mask, _ = runtime._records[(0, "ffn")]
+    assert mask.shape == (2, 5, 4)
+    mask.fill_(0.0)  # what a replay writes into the same buffer
+    assert wide.sparsity_stats(model).skip["ffn"][0].item() == 1.0
+    mask.fill_(1.0)
+    assert wide.sparsity_stats(model).skip["ffn"][0].item() == 0.0

@@ -142,14 +142,21 @@ class WideRuntime:
         return self._padded
 
     def record(self, layer_idx: int, kind: str, mask: torch.Tensor) -> None:
-        """Accounts one execute mask ``[B, T, G]`` (float, may carry straight-through gradient)."""
+        """Keeps one execute mask ``[B, T, G]`` (float, may carry straight-through gradient) for accounting.
+
+        Nothing is computed here: the rates are reduced when :meth:`stats` is read, so a forward that
+        nobody accounts (inference) launches no accounting kernels, and a CUDA-graph replay's stats read
+        the masks the replay just wrote.
+        """
+        self._records[(layer_idx, kind)] = (mask, self.valid)
+
+    @staticmethod
+    def _rate(mask: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
         skipped = 1.0 - mask
-        if self.valid is not None and self.valid.shape == mask.shape[:2]:
-            w = self.valid.to(mask.dtype).unsqueeze(-1)
-            rate = (skipped * w).sum() / (w.sum() * mask.shape[-1]).clamp_min(1.0)
-        else:
-            rate = skipped.mean()
-        self._records[(layer_idx, kind)] = (rate, mask.detach().mean(-1))
+        if valid is not None and valid.shape == mask.shape[:2]:
+            w = valid.to(mask.dtype).unsqueeze(-1)
+            return (skipped * w).sum() / (w.sum() * mask.shape[-1]).clamp_min(1.0)
+        return skipped.mean()
 
     def stats(self) -> Optional[SparsityStats]:
         if not self._records:
@@ -160,7 +167,7 @@ class WideRuntime:
             recs = [self._records.get((i, kind)) for i in layers]
             if any(r is None for r in recs):
                 continue
-            skip_grad[kind] = torch.stack([r[0] for r in recs])
+            skip_grad[kind] = torch.stack([self._rate(mask, valid) for mask, valid in recs])
             skip[kind] = skip_grad[kind].detach()
-            active[kind] = torch.stack([r[1] for r in recs], dim=-1)
+            active[kind] = torch.stack([mask.detach().mean(-1) for mask, _ in recs], dim=-1)
         return SparsityStats(layers, skip, skip_grad, active, self.valid)
