@@ -40,7 +40,7 @@ def test_plan_rejects_float_and_wrong_rank():
 
 
 @pytest.mark.skipif(not __import__("os").environ.get("TRITON_INTERPRET"), reason="interpreter check")
-@pytest.mark.parametrize("shape", [(1, 300, 3), (2, 17, 5), (3, 1, 2)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 300, 3), (2, 17, 5), (3, 1, 2), (1, 112, 1), (1, 8, 1), (1, 1, 1)], ids=str)
 def test_triton_partition_matches_torch(shape):
     from wide.kernels.plan import _stable_partition
     from wide.kernels.triton.plan import partition

@@ -78,7 +78,9 @@ class RoutingPlan:
         """
         if "groups" not in self._cache:
             needed = self.mask.reshape(-1, self.n_groups).any(0)
-            perm, counts = _stable_partition(needed.view(1, -1, 1))
+            # the groups as the "tokens" of a single column: one Triton launch on CUDA (decode builds this
+            # list per layer and kind, where ~10 small torch launches would cost more than the GEMV saves)
+            perm, counts = _partition(needed.view(1, -1, 1))
             self._cache["groups"] = (perm.view(-1), counts.view(1))
         return self._cache["groups"]  # type: ignore[return-value]
 
