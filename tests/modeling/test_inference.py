@@ -178,3 +178,16 @@ def test_static_cache_decode_uses_fused_attention_only_without_padding(monkeypat
     set_kernels(model, False)
     slow = model.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False, cache_implementation="static")
     assert torch.equal(fast, slow)
+
+
+def test_kernel_path_never_expands_the_head_mask():
+    """The fused ops read the group mask; the per-head expansion is only built for the reference path."""
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32))
+    ids = torch.randint(3, 96, (2, 5))
+    ref = model(ids).logits
+    layer = model.model.layers[0].wide
+    assert layer._head_mask is not None and layer._head_mask.shape == (2, 5, 4)
+    enable_kernels(model, "torch")
+    torch.testing.assert_close(model(ids).logits, ref, atol=2e-5, rtol=1e-4)
+    assert layer.routes_heads and layer._head_mask is None

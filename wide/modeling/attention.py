@@ -80,11 +80,11 @@ def _kernel_attention(layer, query, key, value, scaling, attention_mask=None):
 def _make(base: str):
     def routed_attention(module, query, key, value, attention_mask, **kwargs):
         layer = getattr(module, "_wide_layer", None)
-        if layer is not None and layer.head_mask is not None and layer.use_kernels() and _kernel_ok(
+        if layer is not None and layer.routes_heads and layer.use_kernels() and _kernel_ok(
                 module, layer, query, attention_mask, kwargs):
             return _kernel_attention(layer, query, key, value, kwargs.get("scaling"), attention_mask), None
         out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
-        if layer is not None and layer.head_mask is not None:
+        if layer is not None and layer.routes_heads:
             out = mask_heads(out, layer.head_mask)
         return out, weights
 

@@ -27,7 +27,8 @@ class WideLayer(nn.Module):
         self.policy = policy
         object.__setattr__(self, "runtime", runtime)  # shared, not a submodule
         self.group_mask: dict[str, torch.Tensor] = {}
-        self.head_mask: Optional[torch.Tensor] = None
+        self._head_src: Optional[tuple[torch.Tensor, int]] = None  # (group mask, heads per group)
+        self._head_mask: Optional[torch.Tensor] = None
         self.ffn_mask: Optional[torch.Tensor] = None
         self.forced: dict[str, torch.Tensor] = {}
         self.kernels_enabled = False
@@ -70,9 +71,28 @@ class WideLayer(nn.Module):
     def use_kernels(self) -> bool:
         return self.kernels_enabled and not self.training
 
+    @property
+    def routes_heads(self) -> bool:
+        """Whether this forward routed the attention heads (no tensor work)."""
+        return self._head_src is not None
+
+    @property
+    def head_mask(self) -> Optional[torch.Tensor]:
+        """``[B, T, Hq]`` per-head mask, expanded from the group mask on first use: the fused kernels read
+        the group mask directly, so routed inference never launches the expansion."""
+        if self._head_mask is None and self._head_src is not None:
+            mask, per_group = self._head_src
+            self._head_mask = mask if per_group == 1 else mask.repeat_interleave(per_group, dim=-1)
+        return self._head_mask
+
+    def _set_heads(self, mask: Optional[torch.Tensor], per_group: int = 1) -> None:
+        self._head_src = None if mask is None else (mask, per_group)
+        self._head_mask = None
+
     def route_attention(self, residual: torch.Tensor) -> None:
         """Called with the pre-attention-norm residual ``[B, T, D]``."""
-        self.head_mask = self.ffn_mask = None
+        self._set_heads(None)
+        self.ffn_mask = None
         self.group_mask = {}
         self._kernel_masks = {}
         if residual.shape[1] > 1:
@@ -80,7 +100,7 @@ class WideLayer(nn.Module):
         if "layer" in self.slots:
             mask = self._decide("layer", residual)  # [B, T, 1]
             self.group_mask = {"attn": mask, "ffn": mask}
-            self.head_mask = mask
+            self._set_heads(mask)  # [B, T, 1] broadcasts over the heads
             self.ffn_mask = mask
             for kind in ("attn", "ffn"):
                 self.runtime.record(self.layer_idx, kind, mask)
@@ -88,7 +108,7 @@ class WideLayer(nn.Module):
         if "attn" in self.slots:
             mask = self._decide("attn", residual)
             self.group_mask["attn"] = mask
-            self.head_mask = mask.repeat_interleave(self.slots["attn"].group_size, dim=-1)
+            self._set_heads(mask, self.slots["attn"].group_size)
             self.runtime.record(self.layer_idx, "attn", mask)
 
     def route_ffn(self, residual: torch.Tensor) -> None:
@@ -100,7 +120,8 @@ class WideLayer(nn.Module):
             self.runtime.record(self.layer_idx, "ffn", mask)
 
     def clear(self) -> None:
-        self.group_mask, self.head_mask, self.ffn_mask = {}, None, None
+        self.group_mask, self.ffn_mask = {}, None
+        self._set_heads(None)
         self._kernel_masks = {}
 
 
