@@ -187,7 +187,7 @@ def test_kernel_path_never_expands_the_head_mask():
     ids = torch.randint(3, 96, (2, 5))
     ref = model(ids).logits
     layer = model.model.layers[0].wide
-    assert layer._head_mask is not None and layer._head_mask.shape == (2, 5, 4)
+    assert layer._head_mask is not None and layer._head_mask.shape == (2, 5, model.config.num_attention_heads)
     enable_kernels(model, "torch")
     torch.testing.assert_close(model(ids).logits, ref, atol=2e-5, rtol=1e-4)
     assert layer.routes_heads and layer._head_mask is None
