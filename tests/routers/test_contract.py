@@ -25,6 +25,9 @@ def test_router_policy_contract(router, policy):
     for kind, r in layer.routers.items():
         logits = r(hidden)
         assert logits.shape == (2, 5, layer.slots[kind].num_groups, 2)
+        # the eval decision's margin (folded where a router overrides it) is the logit difference
+        if router != "random":  # fresh draws per call
+            torch.testing.assert_close(r.execute_margin(hidden), logits[..., 0] - logits[..., 1], atol=1e-5, rtol=1e-5)
     model.train()
     ids = torch.randint(3, 96, (2, 5))
     out = model(ids, labels=ids)
@@ -73,3 +76,23 @@ def test_user_router_subclass_plugs_in():
 def test_factory_must_return_router():
     with pytest.raises(TypeError, match="not a wide.routers.Router"):
         wide.apply_wide(tiny_model("llama"), wide.WideConfig(router=lambda spec: torch.nn.Linear(1, 1), ffn_group_size=32))
+
+
+def test_folded_margin_follows_parameter_updates():
+    """The folded execute-minus-skip rows are cached, but an optimizer step (in place) or a reload shows."""
+    model = tiny_model("llama", num_hidden_layers=1)
+    wide.apply_wide(model, wide.WideConfig(attn_group_size=2, ffn_group_size=32))
+    r = model.model.layers[0].wide.routers["ffn"]
+    hidden = torch.randn(2, 3, 64)
+    before = r.execute_margin(hidden)
+    with torch.no_grad():
+        r.up.bias[0::2] += 5.0  # execute logits up: every margin rises by 5
+    after = r.execute_margin(hidden)
+    torch.testing.assert_close(after, before + 5.0, atol=1e-5, rtol=1e-5)
+    logits = r(hidden)
+    torch.testing.assert_close(after, logits[..., 0] - logits[..., 1], atol=1e-5, rtol=1e-5)
+    model.eval()
+    model(torch.randint(3, 96, (2, 3)))
+    mask = model.model.layers[0].wide.group_mask["ffn"]
+    assert mask.dtype == torch.bool and bool(mask.all())  # eval decisions stay bool; +5 executes all
+    assert wide.sparsity_stats(model).skip["ffn"].item() == 0.0

@@ -41,10 +41,14 @@ class WideLayer(nn.Module):
             mask = self.forced[kind].to(residual.device, torch.float32)
             return mask.expand(*residual.shape[:2], self.slots[kind].num_groups)
         router = self.routers[kind]
-        logits = router(residual)
         coherent = self.runtime.coherent
         if coherent is not None and not self.training and residual.shape[1] == 1:
-            return coherent.select(self._coherent.setdefault(kind, {}), logits, router.spec.target_sparsity)
+            return coherent.select(self._coherent.setdefault(kind, {}), router(residual), router.spec.target_sparsity)
+        if not self.training and type(self.policy).decide is Policy.decide:
+            # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that
+            # the fused kernels take as is and the reference path converts where it multiplies
+            return router.execute_margin(residual) >= 0
+        logits = router(residual)
         return self.policy.decide(
             logits, tau=self.runtime.tau, training=self.training, deterministic=getattr(router, "deterministic", False)
         )
@@ -54,7 +58,8 @@ class WideLayer(nn.Module):
         if kind not in self._kernel_masks:
             from wide.kernels import make_plan
 
-            mask = self.group_mask[kind] > 0.5
+            mask = self.group_mask[kind]
+            mask = mask if mask.dtype == torch.bool else mask > 0.5
             self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind)))
         return self._kernel_masks[kind]
 

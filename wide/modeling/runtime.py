@@ -152,6 +152,7 @@ class WideRuntime:
 
     @staticmethod
     def _rate(mask: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
+        mask = mask.float() if mask.dtype == torch.bool else mask  # eval decisions stay bool until read
         skipped = 1.0 - mask
         if valid is not None and valid.shape == mask.shape[:2]:
             w = valid.to(mask.dtype).unsqueeze(-1)
@@ -169,5 +170,5 @@ class WideRuntime:
                 continue
             skip_grad[kind] = torch.stack([self._rate(mask, valid) for mask, valid in recs])
             skip[kind] = skip_grad[kind].detach()
-            active[kind] = torch.stack([mask.detach().mean(-1) for mask, _ in recs], dim=-1)
+            active[kind] = torch.stack([mask.detach().float().mean(-1) for mask, _ in recs], dim=-1)
         return SparsityStats(layers, skip, skip_grad, active, self.valid)

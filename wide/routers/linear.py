@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wide.routers.base import Router, RouterSpec, rms_normalize, split_logits
+from wide.routers.base import FoldedMargin, Router, RouterSpec, rms_normalize, split_logits
 from wide.routers.registry import register_router
 
 
@@ -16,9 +16,16 @@ class LinearRouter(Router):
     def __init__(self, spec: RouterSpec, normalize: bool = True):
         super().__init__(spec)
         self.normalize = normalize
+        self._fold = FoldedMargin()
         self.proj = nn.Linear(spec.hidden_size, 2 * spec.num_groups)
         nn.init.zeros_(self.proj.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return split_logits(self.proj(self._input(hidden)), self.num_groups)
+
+    def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._fold(self.proj, self._input(hidden))
+
+    def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden
-        return split_logits(self.proj(x.to(self.proj.weight.dtype)), self.num_groups)
+        return x.to(self.proj.weight.dtype)

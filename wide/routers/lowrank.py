@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from wide.routers.base import Router, RouterSpec, rms_normalize, split_logits
+from wide.routers.base import FoldedMargin, Router, RouterSpec, rms_normalize, split_logits
 from wide.routers.registry import register_router
 
 
@@ -24,6 +24,7 @@ class LowRankRouter(Router):
 
     def __init__(self, spec: RouterSpec, rank: int | None = None, normalize: bool = True, execute_bias: float = 0.0):
         super().__init__(spec)
+        self._fold = FoldedMargin()
         rank = spec.rank if rank is None else rank
         self.normalize = normalize
         self.down = nn.Linear(spec.hidden_size, rank, bias=False)
@@ -36,6 +37,11 @@ class LowRankRouter(Router):
             self.up.bias[1::2] = -execute_bias / 2
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return split_logits(self.up(self.down(self._input(hidden))), self.num_groups)
+
+    def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._fold(self.up, self.down(self._input(hidden)))
+
+    def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden
-        x = x.to(self.down.weight.dtype)
-        return split_logits(self.up(self.down(x)), self.num_groups)
+        return x.to(self.down.weight.dtype)
