@@ -240,3 +240,39 @@ def test_shipped_grid_parses_and_every_fit_parses_in_lightning_cli(grid, tmp_pat
                         assert getattr(routing, k.rsplit(".", 1)[-1]) == v
         eval_argv(spec, cell, tmp_path / "ev")
     assert seen or all(not c.fits for c in spec.cells())
+
+
+def test_parallel_workers_keep_shared_fits_in_order_and_give_each_a_device(tmp_path, tiny_model_dir, tiny_corpus,
+                                                                           monkeypatch):
+    """--jobs 2: cells sharing a stage-1 fit run in one worker (one fit), identical untrained evals are
+    copied, every worker's commands see one device; the table equals a sequential run's."""
+    from wide.grid.runner import GridRunner
+
+    axes = [{"name": "method", "values": {"dense": {"routing": False}, "wide": {}}},
+            {"name": "stage", "key": "stage", "values": ["calibrate", "lora"]}]
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes, lora=True)
+    grid = yaml.safe_load(path.read_text())
+    grid["eval"] = {"tasks": "piqa", "limit": 2, "ppl_window": 32, "ppl_max_tokens": 64, "device": "cpu"}
+    path.write_text(yaml.safe_dump(grid))
+    seen = []
+    real = GridRunner._run
+
+    def spy(self, argv, log_path, what, append=False):
+        seen.append((what, getattr(self._local, "device", None)))
+        return real(self, argv, log_path, what, append)
+
+    monkeypatch.setattr(GridRunner, "_run", spy)
+    assert grid_main([str(path), "--jobs", "2", "--devices", "7,8"]) == 0
+    out = tmp_path / "out"
+    assert len(list(out.glob("fits/calibrate-*"))) == 1
+    whats = [w for w, _ in seen]
+    assert whats.count("fit calibrate of method=wide__stage=calibrate") == 1
+    assert not any(w.startswith("fit calibrate of method=wide__stage=lora") for w in whats)  # reused, not re-run
+    assert whats.index("fit calibrate of method=wide__stage=calibrate") < whats.index("fit lora of method=wide__stage=lora")
+    assert {d for _, d in seen} <= {"7", "8"} and all(d is not None for _, d in seen)
+    cells = {p.parent.name: json.loads(p.read_text()) for p in out.glob("cells/*/result.json")}
+    assert len(cells) == 4 and all(c["status"] == "done" for c in cells.values())
+    assert cells["method=dense__stage=lora"]["eval"]["copied_from"]
+    with pytest.raises(ValueError, match="^jobs: running cells at once needs the subprocess launcher"):
+        run_grid(str(path), launcher="inprocess", jobs=2)
+    assert grid_main([str(path), "--devices", "x"]) == 2

@@ -25,13 +25,14 @@ __all__ = ["Axis", "Cell", "GridSpec", "grid_main", "load_grid", "run_grid"]
 
 
 def run_grid(path: str, *, output: Optional[str] = None, overrides: Optional[dict] = None, launcher: str = "subprocess",
-             force: bool = False, fail_fast: bool = False, only: Sequence[str] = (), verbose: bool = False) -> dict:
+             force: bool = False, fail_fast: bool = False, only: Sequence[str] = (), verbose: bool = False,
+             jobs: int = 1, devices: Sequence[str] = ()) -> dict:
     """Loads and runs a grid file; returns ``{"done", "skipped", "failed", "cells"}`` (lists of cell names)."""
     from wide.grid.runner import GridRunner
 
     spec = load_grid(path, output=output, extra_overrides=overrides)
     return GridRunner(spec, launcher=launcher, force=force, fail_fast=fail_fast, only=list(only),
-                      verbose=verbose).run()
+                      verbose=verbose, jobs=jobs, devices=list(devices)).run()
 
 
 def grid_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -50,6 +51,10 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--launcher", default="subprocess", choices=["subprocess", "inprocess"],
                    help="run each fit/eval in a fresh process (default) or in this one")
     p.add_argument("--only", action="append", default=[], metavar="SUBSTRING", help="run only matching cells (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run up to N cells at once (cells sharing a stage-1 fit stay in order in one worker)")
+    p.add_argument("--devices", default="", metavar="IDS",
+                   help="CUDA devices for the workers, round-robin, e.g. 0,1 (default: inherit CUDA_VISIBLE_DEVICES)")
     p.add_argument("--force", action="store_true", help="re-run finished cells and fits")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed cell")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
@@ -69,8 +74,9 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         from wide.grid.runner import GridRunner
 
+        devices = [d for d in args.devices.split(",") if d.strip()]
         summary = GridRunner(spec, launcher=args.launcher, force=args.force, fail_fast=args.fail_fast,
-                             only=args.only, verbose=args.verbose).run()
+                             only=args.only, verbose=args.verbose, jobs=args.jobs, devices=devices).run()
     except ValueError as err:
         print(f"wide grid: error: {err}", file=sys.stderr)
         return 2

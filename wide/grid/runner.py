@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,10 @@ class GridRunner:
         fail_fast: Stop at the first failed cell (default: record the failure and go on).
         only: Run only cells whose name contains one of these substrings.
         verbose: Echo the commands' output (it always goes to the cell's ``*.log`` files).
+        jobs: Cells run at once (subprocess launcher). Cells that share a stage-1 fit, or that evaluate the
+            same untrained model, stay in order in one worker, so nothing is computed twice.
+        devices: CUDA device ids handed to the workers round-robin (each worker's commands see only its
+            device through ``CUDA_VISIBLE_DEVICES``); empty: the commands inherit the environment.
         log: Progress sink.
     """
 
@@ -80,12 +85,23 @@ class GridRunner:
     fail_fast: bool = False
     only: list[str] = field(default_factory=list)
     verbose: bool = False
+    jobs: int = 1
+    devices: list[str] = field(default_factory=list)
     log: Callable[[str], None] = _log
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"launcher: must be one of {LAUNCHERS}, got {self.launcher!r}")
+        if not (isinstance(self.jobs, int) and self.jobs >= 1):
+            raise ValueError(f"jobs: must be an integer >= 1, got {self.jobs!r}")
+        if self.jobs > 1 and self.launcher != "subprocess":
+            raise ValueError("jobs: running cells at once needs the subprocess launcher (--launcher subprocess)")
+        bad = [d for d in self.devices if not str(d).strip().isdigit()]
+        if bad:
+            raise ValueError(f"devices: expected CUDA device ids like 0,1, got {bad}")
         self.out = Path(self.spec.output)
+        self._local = threading.local()  # the device of the worker thread running a command
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------ commands
     def _run(self, argv: list[str], log_path: Path, what: str, append: bool = False) -> float:
@@ -106,6 +122,9 @@ class GridRunner:
             return time.perf_counter() - t0
         cmd = [sys.executable, "-m", "wide.cli", *argv]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        device = getattr(self._local, "device", None)
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
         with log_path.open("a" if append else "w") as sink:
             sink.write("$ wide " + " ".join(argv) + "\n")
             sink.flush()
@@ -235,6 +254,35 @@ class GridRunner:
         write_json(cell_dir / "result.json", row)
         return row
 
+    def _run_parallel(self, todo: list[Cell], run_one: Callable[[Cell], None], stop: threading.Event) -> None:
+        """Runs worker groups on up to ``jobs`` threads; each thread's commands get one device."""
+        import queue
+        from concurrent.futures import ThreadPoolExecutor
+
+        groups = _worker_groups(self, todo)
+        slots: "queue.Queue[int]" = queue.Queue()
+        for k in range(self.jobs):
+            slots.put(k)
+        devices = [str(d).strip() for d in self.devices]
+        self.log(f"{len(todo)} cells in {len(groups)} independent group(s), {self.jobs} at once"
+                 + (f" on CUDA devices {','.join(devices)}" if devices else ""))
+
+        def work(group: list[Cell]) -> None:
+            slot = slots.get()
+            self._local.device = devices[slot % len(devices)] if devices else None
+            try:
+                for cell in group:
+                    if stop.is_set():
+                        return
+                    run_one(cell)
+            finally:
+                self._local.device = None
+                slots.put(slot)
+
+        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="wide-grid") as pool:
+            for fut in [pool.submit(work, g) for g in groups]:
+                fut.result()
+
     def run(self) -> dict[str, Any]:
         """Runs the grid; returns ``{"done", "skipped", "failed", "cells"}`` and writes the reports."""
         from wide.grid.report import collect
@@ -266,19 +314,26 @@ class GridRunner:
             self.log(f"[skip] {name}: finished earlier")
         failed, done = [], []
         t_start = time.perf_counter()
-        for i, cell in enumerate(todo, start=1):
-            prefix = f"[{len(skipped) + i}/{total}] {cell.name}:"
+        counter = [0]
+        stop = threading.Event()
+
+        def run_one(cell: Cell) -> None:
+            with self._lock:
+                counter[0] += 1
+                prefix = f"[{len(skipped) + counter[0]}/{total}] {cell.name}:"
             t0 = time.perf_counter()
             try:
                 row = self.run_cell(cell, prefix, eval_cache)
             except (CommandFailed, ValueError) as err:
-                failed.append(cell.name)
+                with self._lock:
+                    failed.append(cell.name)
                 (self.out / "cells" / cell.name / "error.txt").write_text(str(err) + "\n")
                 self.log(f"{prefix} FAILED: {err}")
                 if self.fail_fast:
-                    break
+                    stop.set()
             else:
-                done.append(cell.name)
+                with self._lock:
+                    done.append(cell.name)
                 s = row["summary"]
                 parts = []
                 if s.get("ppl") is not None:
@@ -287,18 +342,45 @@ class GridRunner:
                     parts.append(f"avg {100 * s['avg']:.1f}")
                 parts.append(f"sparsity {100 * s['sparsity']['sparsity']:.1f}% (target {100 * s['target_sparsity']:.0f}%)")
                 self.log(f"{prefix} done in {_duration(time.perf_counter() - t0)}: " + " · ".join(parts))
-            collect(self.spec, plots=False)
-            elapsed = time.perf_counter() - t_start
-            left = len(todo) - i
-            eta = f", ~{_duration(elapsed / i * left)} left" if left else ""
-            self.log(f"progress: {len(skipped) + i}/{total} cells ({len(done)} run, {len(skipped)} skipped, "
-                     f"{len(failed)} failed), elapsed {_duration(elapsed)}{eta}")
+            with self._lock:
+                collect(self.spec, plots=False)
+                finished = len(done) + len(failed)
+                elapsed = time.perf_counter() - t_start
+                left = len(todo) - finished
+                eta = f", ~{_duration(elapsed / finished * left)} left" if left else ""  # throughput so far
+                self.log(f"progress: {len(skipped) + finished}/{total} cells ({len(done)} run, {len(skipped)} skipped, "
+                         f"{len(failed)} failed), elapsed {_duration(elapsed)}{eta}")
+
+        if self.jobs == 1:
+            for cell in todo:
+                if stop.is_set():
+                    break
+                run_one(cell)
+        else:
+            self._run_parallel(todo, run_one, stop)
         paths = collect(self.spec, plots=True)
         self.log("wrote " + ", ".join(str(p) for p in paths))
         if failed:
             self.log(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see cells/<name>/error.txt); "
                      "re-run the same command to retry them")
         return {"done": done, "skipped": skipped, "failed": failed, "cells": [c.name for c in cells]}
+
+
+def _worker_groups(runner: "GridRunner", cells: list[Cell]) -> list[list[Cell]]:
+    """Cells that must run in order in one worker: those sharing a stage-1 fit (the fit runs once, its
+    cells reuse it), and untrained cells evaluating the same model (the second copies the first's result)."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if cell.calibrates:
+            sig1 = signature({"base": runner.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
+            key = str(runner.fit_dir(cell, sig1))
+        elif not cell.fits:
+            argv = eval_argv(runner.spec, cell, runner.out / "cells" / cell.name / "eval", None, None)
+            key = "eval:" + signature({"argv": argv[:-3]})
+        else:
+            key = "cell:" + cell.name
+        groups.setdefault(key, []).append(cell)
+    return list(groups.values())
 
 
 def run_stats(run_dir: Path, checkpoint: Path) -> dict[str, Any]:
