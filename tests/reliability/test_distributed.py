@@ -104,6 +104,34 @@ def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_pat
     assert all(type(t) is torch.Tensor for t in ckpt["state_dict"].values()), "gathered, not sharded"
 
 
+def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """Stage 1 with trainable routers: every rank draws the global batch's Gumbel noise from a shared
+    per-batch seed and keeps its rows, and the sparsity term applies to the global rate, so 2 x 2 rows
+    train the same routers as 1 x 4 rows, on DDP and FSDP2 (up to float summation order)."""
+    calib = ["--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
+             "--data.max_train_tokens", "400", "--model.init_args.lr", "0.01", "--sparsity_monitor.heatmap_every_n_steps", "0"]
+
+    def args(out, rows, *extra):
+        argv = fit_args(out, tiny_model_dir, tiny_corpus, *calib, *extra)
+        argv[argv.index("--data.batch_size") + 1] = str(rows)
+        return argv
+
+    procs = {name: start_wide_subprocess(args(tmp_path / name, 2, "--trainer.devices", "2", "--trainer.strategy", st))
+             for name, st in (("ddp", "ddp"), ("fsdp", FSDP2))}
+    rc, err = run_wide(args(tmp_path / "one", 4), capsys)
+    assert rc == 0, err[-3000:]
+    rc, err = run_wide(args(tmp_path / "seed", 4, "--seed_everything", "18"), capsys)
+    assert rc == 0, err[-3000:]
+    one, other_seed = (load_file(tmp_path / n / "wide/routers.safetensors") for n in ("one", "seed"))
+    ddp, fsdp = (_trained(tmp_path / name, proc) for name, proc in procs.items())
+
+    def rel(a, b):
+        return max(((a[k] - b[k]).norm() / a[k].norm().clamp_min(1e-12)).item() for k in a)
+
+    assert rel(one, other_seed) > 0.1, "another seed trains other routers"
+    assert rel(one, ddp) < 1e-4 and rel(one, fsdp) < 1e-4, (rel(one, ddp), rel(one, fsdp))
+
+
 @pytest.mark.slow
 def test_fsdp2_run_killed_mid_training_resumes_bit_exact(tmp_path, tiny_model_dir, tiny_corpus):
     from tests.reliability.test_resume import RUN

@@ -49,9 +49,12 @@ class WideLayer(nn.Module):
             # the fused kernels take as is and the reference path converts where it multiplies
             return router.execute_margin(residual) >= 0
         logits = router(residual)
-        return self.policy.decide(
-            logits, tau=self.runtime.tau, training=self.training, deterministic=getattr(router, "deterministic", False)
-        )
+        deterministic = getattr(router, "deterministic", False)
+        if self.training and not deterministic and type(self.policy).decide is Policy.decide:
+            noise = self.runtime.gumbel_like(logits)  # rank-consistent noise when the task seeded it
+            if noise is not None:
+                return self.policy.decide(logits, tau=self.runtime.tau, training=True, noise=noise)
+        return self.policy.decide(logits, tau=self.runtime.tau, training=self.training, deterministic=deterministic)
 
     def kernel_mask(self, kind: str):
         """``(bool mask [B, T, G], RoutingPlan)`` of the current forward, built once and shared by paired ops."""

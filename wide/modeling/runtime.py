@@ -110,6 +110,38 @@ class WideRuntime:
     _pad_src: Optional[torch.Tensor] = None
     _padded: Optional[bool] = None
 
+    noise_seed: Optional[int] = None
+    """Seed of the routers' Gumbel noise for the current training batch (``None``: torch's global RNG)."""
+    rank: int = 0
+    world: int = 1
+    _noise_gen: Optional[torch.Generator] = None
+    _noise_state: tuple = ()
+
+    def set_noise(self, seed: Optional[int], rank: int = 0, world: int = 1) -> None:
+        """Draws the next batch's Gumbel noise from ``seed``, as for the *global* batch.
+
+        Every rank draws the noise of all ``world`` ranks' rows and keeps its own (rank ``r`` holds global
+        rows ``r, r + world, ...``, as ``DistributedSampler`` deals them), so a data-parallel run routes
+        each row with exactly the noise a single process would draw for the same global batch.
+        """
+        self.noise_seed, self.rank, self.world = seed, rank, world
+        self._noise_state = ()
+
+    def gumbel_like(self, logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """Standard Gumbel noise shaped like ``logits [B, ...]`` (float32), or ``None`` without a seed."""
+        if self.noise_seed is None:
+            return None
+        dev = logits.device
+        if self._noise_gen is None or self._noise_gen.device != dev:
+            self._noise_gen = torch.Generator(device=dev)
+            self._noise_state = ()
+        if self._noise_state != (self.noise_seed, dev):
+            self._noise_gen.manual_seed(self.noise_seed)
+            self._noise_state = (self.noise_seed, dev)
+        full = torch.empty((logits.shape[0] * self.world, *logits.shape[1:]), device=dev, dtype=torch.float32)
+        full.exponential_(generator=self._noise_gen)
+        return -full.log()[self.rank::self.world]
+
     def begin_forward(self, valid: Optional[torch.Tensor], tokens: Optional[int] = None,
                       masked: Optional[bool] = None) -> None:
         """Starts a forward over ``tokens`` new tokens per row with 2D validity ``valid`` (``None``: all valid).

@@ -56,13 +56,18 @@ class Policy:
         """Raises ``ValueError`` naming the config field when the model cannot be routed this way."""
 
     @staticmethod
-    def decide(logits: torch.Tensor, *, tau: float, training: bool, deterministic: bool = False) -> torch.Tensor:
+    def decide(logits: torch.Tensor, *, tau: float, training: bool, deterministic: bool = False,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
         """Turns logits ``[B, T, G, 2]`` into an execute mask ``[B, T, G]`` (float, 1 = execute).
 
         Training: hard Gumbel-softmax with a straight-through estimator (forward exactly 0/1, gradient
-        through the soft sample at temperature ``tau``). Eval, or a deterministic router: argmax, ties
-        execute, no gradient.
+        through the soft sample at temperature ``tau``), with the Gumbel ``noise`` given (shaped like
+        ``logits``) or drawn here. Eval, or a deterministic router: argmax, ties execute, no gradient.
         """
         if training and not deterministic:
-            return F.gumbel_softmax(logits.float(), tau=tau, hard=True, dim=-1)[..., 0]
+            if noise is None:
+                return F.gumbel_softmax(logits.float(), tau=tau, hard=True, dim=-1)[..., 0]
+            soft = ((logits.float() + noise) / tau).softmax(-1)[..., 0]
+            hard = (soft >= 0.5).to(soft.dtype)  # argmax of two, ties execute (as gumbel_softmax's first index)
+            return hard - soft.detach() + soft
         return (logits[..., 0] >= logits[..., 1]).float()

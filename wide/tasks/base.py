@@ -200,6 +200,12 @@ class WideTask(L.LightningModule):
         # from a checkpoint draws exactly what the uninterrupted run drew (Lightning does not restore RNG)
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by seed_everything
         torch.manual_seed(batch_seed(seed, self.current_epoch, batch_idx, self.global_rank))
+        # the routers' Gumbel noise comes from a per-batch seed shared by all ranks, drawn for the global
+        # batch: any world size routes each row as one process would (LoRA dropout stays per rank)
+        trainer = self._trainer
+        world = trainer.world_size if trainer is not None else 1
+        wide.modeling.runtime_of(self.model).set_noise(batch_seed(seed, self.current_epoch, batch_idx, -1),
+                                                       rank=self.global_rank, world=world)
 
     def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """Mean of ``values`` over data-parallel ranks (one all-reduce; identity on one process)."""
