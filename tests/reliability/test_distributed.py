@@ -78,7 +78,10 @@ def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_pat
     moved = max(t.abs().max().item() for k, t in one.items() if "lora_B" in k)
     assert moved > 1e-2, "LoRA trained"
     assert _max_diff(ddp, fsdp) < 1e-6, "DDP and FSDP2 compute the same update"
-    assert _max_diff(one, ddp) < 1e-3 * moved, "2 x 2 rows train like 1 x 4 rows (up to float summation order)"
+    # float summation order differs (gloo all-reduce, per-rank means), and Adam divides by each element's
+    # own scale, so single elements can differ by more than the update's precision: compare whole tensors
+    rel = max(((one[k] - ddp[k]).norm() / one[k].norm().clamp_min(1e-12)).item() for k in one)
+    assert rel < 1e-4, f"2 x 2 rows train like 1 x 4 rows (up to float summation order): {rel:.2e}"
 
     # logged metrics are means over ranks: each rank alone sees other rows and another loss
     logs = {name: _metrics(tmp_path / name) for name in ("one", "ddp", "fsdp")}
