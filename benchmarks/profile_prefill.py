@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def family(name: str) -> str:
     n = name.lower()
     for key, label in (("gemm_mn", "routed gemm_mn/swiglu"), ("swiglu", "routed gemm_mn/swiglu"),
-                       ("gemm_k", "routed gemm_k"), ("_attn", "routed attention"), ("partition", "routing plan"),
+                       ("gemm_k", "routed gemm_k"), ("splitk_reduce", "routed gemm_k"),
+                       ("mask_columns", "routed gemm_k"), ("_prefill_kernel", "routed attention"),
+                       ("_decode_split", "routed attention"), ("_decode_reduce", "routed attention"),
+                       ("partition", "routing plan"),
                        ("flash", "dense attention"), ("fmha", "dense attention"), ("cudnn", "dense attention"),
                        ("gemm", "cuBLAS GEMM"), ("gemv", "cuBLAS GEMM"), ("nvjet", "cuBLAS GEMM"),
                        ("cutlass", "cuBLAS GEMM"), ("mask_epilogue", "routed gemm_mn/swiglu")):

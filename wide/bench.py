@@ -5,10 +5,12 @@ with random bf16 weights; or ``--model`` for any local model / asset. Masks come
 checkpoint (``--checkpoint``) or are synthetic (``random`` routers at each ``--sparsity``).
 
 Prefill: batch 1, logits for the last token only. Decode: one new token per row after a ``--context``
-prompt. Decode runs under CUDA graphs on both sides when they can be captured (static cache; the
-attention then takes the masked reference path because the static cache needs a mask, the routed
-projections and MLP run the kernels); ``--no-graphs`` or a failed capture falls back to eager steps
-with a dynamic cache on both sides. Every row prints both absolute times and dense/routed.
+prompt. Decode runs under CUDA graphs on both sides when they can be captured (one step over a static
+cache, rewound on the device after each replay; the routed side runs the fused decode attention with
+per-row lengths read from the mask). The dense decode baseline is the fastest of transformers' masked
+SDPA and unmasked SDPA over the filled keys with each backend forced. ``--no-graphs`` or a failed capture
+falls back to eager steps with a dynamic cache on both sides. Every row prints both absolute times and
+dense/routed.
 """
 
 from __future__ import annotations

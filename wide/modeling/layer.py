@@ -44,17 +44,18 @@ class WideLayer(nn.Module):
         coherent = self.runtime.coherent
         if coherent is not None and not self.training and residual.shape[1] == 1:
             return coherent.select(self._coherent.setdefault(kind, {}), router(residual), router.spec.target_sparsity)
-        if not self.training and type(self.policy).decide is Policy.decide:
+        builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
+        if builtin and not self.training:
             # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that
             # the fused kernels take as is and the reference path converts where it multiplies
             return router.execute_margin(residual) >= 0
         logits = router(residual)
         deterministic = getattr(router, "deterministic", False)
-        if self.training and not deterministic and type(self.policy).decide is Policy.decide:
-            noise = self.runtime.gumbel_like(logits)  # rank-consistent noise when the task seeded it
-            if noise is not None:
-                return self.policy.decide(logits, tau=self.runtime.tau, training=True, noise=noise)
-        return self.policy.decide(logits, tau=self.runtime.tau, training=self.training, deterministic=deterministic)
+        extra = {}
+        if builtin and self.training and not deterministic:
+            extra["noise"] = self.runtime.gumbel_like(logits)  # rank-consistent when the task seeded it
+        return self.policy.decide(logits, tau=self.runtime.tau, training=self.training, deterministic=deterministic,
+                                  **extra)
 
     def kernel_mask(self, kind: str):
         """``(bool mask [B, T, G], RoutingPlan)`` of the current forward, built once and shared by paired ops."""
@@ -71,9 +72,10 @@ class WideLayer(nn.Module):
         # (tests, analysis) have no router behind them and are measured instead
         if self.forced:
             return None
-        router = self.routers[kind] if kind in self.routers else self.routers["layer"] if "layer" in self.routers else None
-        if router is None:
+        source = kind if kind in self.routers else "layer"  # the layer policy's one router drives both kinds
+        if source not in self.routers:
             return None
+        router = self.routers[source]
         return min(1.0, max(0.0, 1.0 - router.expected_sparsity()))
 
     def use_kernels(self) -> bool:

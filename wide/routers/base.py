@@ -103,9 +103,13 @@ class FoldedMargin:
         key = (w.data_ptr(), w._version, w.device, w.dtype) + ((b.data_ptr(), b._version) if b is not None else ())
         if key != self._key:
             with torch.no_grad():
-                w2 = w.detach().view(-1, 2, w.shape[-1])
+                w2 = w.view(-1, 2, w.shape[-1])
                 self._w = (w2[:, 0] - w2[:, 1]).contiguous()
-                self._b = None if b is None else (b.detach().view(-1, 2)[:, 0] - b.detach().view(-1, 2)[:, 1]).contiguous()
+                if b is not None:
+                    b2 = b.view(-1, 2)
+                    self._b = (b2[:, 0] - b2[:, 1]).contiguous()
+                else:
+                    self._b = None
             self._key = key
         return torch.nn.functional.linear(x, self._w, self._b)
 
