@@ -61,6 +61,12 @@ def _trained(out, proc) -> dict[str, torch.Tensor]:
     return load_file(out / "wide/routers.safetensors")
 
 
+def _rel_diff(a, b, keep=lambda name: True) -> float:
+    """Largest per-tensor ``|a - b| / |a|`` (Frobenius norms) over the tensors ``keep`` selects."""
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).norm() / a[k].norm().clamp_min(1e-12)).item() for k in a if keep(k))
+
+
 def _max_diff(a, b) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
@@ -80,7 +86,7 @@ def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_pat
     assert _max_diff(ddp, fsdp) < 1e-6, "DDP and FSDP2 compute the same update"
     # float summation order differs (gloo all-reduce, per-rank means), and Adam divides by each element's
     # own scale, so single elements can differ by more than the update's precision: compare whole tensors
-    rel = max(((one[k] - ddp[k]).norm() / one[k].norm().clamp_min(1e-12)).item() for k in one)
+    rel = _rel_diff(one, ddp)
     assert rel < 1e-4, f"2 x 2 rows train like 1 x 4 rows (up to float summation order): {rel:.2e}"
 
     # logged metrics are means over ranks: each rank alone sees other rows and another loss
@@ -128,11 +134,8 @@ def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, 
     one, other_seed = (load_file(tmp_path / n / "wide/routers.safetensors") for n in ("one", "seed"))
     ddp, fsdp = (_trained(tmp_path / name, proc) for name, proc in procs.items())
 
-    def rel(a, b):
-        return max(((a[k] - b[k]).norm() / a[k].norm().clamp_min(1e-12)).item() for k in a)
-
-    assert rel(one, other_seed) > 0.1, "another seed trains other routers"
-    assert rel(one, ddp) < 1e-4 and rel(one, fsdp) < 1e-4, (rel(one, ddp), rel(one, fsdp))
+    assert _rel_diff(one, other_seed) > 0.1, "another seed trains other routers"
+    assert _rel_diff(one, ddp) < 1e-4 and _rel_diff(one, fsdp) < 1e-4, (_rel_diff(one, ddp), _rel_diff(one, fsdp))
 
 
 @pytest.mark.slow
@@ -167,6 +170,5 @@ def test_fsdp2_on_two_gpus_in_bf16_matches_one_gpu(tmp_path, tiny_model_dir, tin
     a, b = load_file(tmp_path / "one/wide/routers.safetensors"), load_file(tmp_path / "two/wide/routers.safetensors")
     # bf16 rounding flips the sign of near-zero gradients, and Adam turns each into a full +-lr step, so
     # single elements may differ by ~lr; the updates as a whole must agree (another seed gives ~1.4)
-    assert a.keys() == b.keys()
-    rel = max(((a[k] - b[k]).norm() / a[k].norm().clamp_min(1e-12)).item() for k in a if "lora_B" in k)
+    rel = _rel_diff(a, b, keep=lambda k: "lora_B" in k)
     assert rel < 0.25, f"bf16: same training up to rounding (largest relative LoRA-B difference {rel:.3f})"
