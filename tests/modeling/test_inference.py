@@ -125,6 +125,26 @@ def test_coherent_decode_shares_masks_across_batch():
     assert torch.equal(decode[0]["ffn"][0], decode[1]["ffn"][0])
 
 
+def test_coherent_decode_keeps_the_routers_expected_rate():
+    """The shared selection keeps ceil((1 - s) * G) groups with s the router's expected skip rate (a
+    random router set to another rate than the config's target, as `wide bench` does per sparsity)."""
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, ffn_group_size=16, router="random"))
+    for wl in wide.modeling.runtime_of(model).layers:
+        for r in wl.routers.values():
+            r.rate = 0.75
+    set_coherent_decode(model, refresh_every=1)
+    layer = model.model.layers[0].wide
+    seen = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda *_: seen.append(layer.group_mask["ffn"].clone()))
+    ids = torch.randint(3, 96, (3, 4))
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    handle.remove()
+    for mask in seen[1:]:  # decode steps: 8 groups, 25% kept for every row
+        assert mask.dtype == torch.bool and mask.shape == (3, 1, 8)
+        assert (mask.sum(-1) == 2).all()
+
+
 @pytest.mark.slow
 def test_exported_smollm2_reloads_and_generates_on_cpu(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer

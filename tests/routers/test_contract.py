@@ -96,3 +96,17 @@ def test_folded_margin_follows_parameter_updates():
     mask = model.model.layers[0].wide.group_mask["ffn"]
     assert mask.dtype == torch.bool and bool(mask.all())  # eval decisions stay bool; +5 executes all
     assert wide.sparsity_stats(model).skip["ffn"].item() == 0.0
+
+
+def test_random_router_margin_decides_like_forward():
+    from wide.routers.base import RouterSpec
+    from wide.routers.random import RandomRouter
+
+    spec = RouterSpec(kind="ffn", layer_idx=3, num_layers=4, hidden_size=16, num_groups=7, group_size=8,
+                      target_sparsity=0.5, rank=4)
+    hidden = torch.randn(2, 5, 16)
+    a, b = RandomRouter(spec, sparsity=0.3, seed=11), RandomRouter(spec, sparsity=0.3, seed=11)
+    logits = a(hidden)
+    margin = b.execute_margin(hidden)
+    assert torch.equal(margin >= 0, logits[..., 0] > logits[..., 1])
+    assert 0.5 < (margin >= 0).float().mean() < 0.9

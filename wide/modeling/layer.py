@@ -43,7 +43,8 @@ class WideLayer(nn.Module):
         router = self.routers[kind]
         coherent = self.runtime.coherent
         if coherent is not None and not self.training and residual.shape[1] == 1:
-            return coherent.select(self._coherent.setdefault(kind, {}), router(residual), router.spec.target_sparsity)
+            return coherent.select(self._coherent.setdefault(kind, {}), router.execute_margin(residual),
+                                  router.expected_sparsity())
         builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
         if builtin and not self.training:
             # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that

@@ -74,27 +74,34 @@ class CoherentDecode:
         if not 0.0 <= self.memory < 1.0:
             raise ValueError(f"memory: must be in [0, 1), got {self.memory!r}")
 
-    def select(self, state: dict, logits: torch.Tensor, target: float) -> torch.Tensor:
-        """``logits [B, 1, G, 2]`` -> the shared execute mask ``[B, 1, G]`` (float)."""
+    def select(self, state: dict, margin: torch.Tensor, target: float) -> torch.Tensor:
+        """``margin [B, 1, G]`` (execute minus skip logit) -> the shared execute mask ``[B, 1, G]`` (bool).
+
+        ``target`` is the router's expected skip rate. A few launches per call, none syncing the host:
+        the execute probability of a two-way softmax is ``sigmoid(margin)``.
+        """
         import math
 
-        prob = logits.float().softmax(-1)[..., 0].mean(dim=(0, 1))  # [G]
+        prob = torch.sigmoid(margin.float()).mean(dim=(0, 1))  # [G]
         g = prob.shape[0]
+        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
         if state.get("ema") is None or state["ema"].shape != prob.shape:
             # first decode step of a sequence: start the memory and select now
             state["ema"] = prob.clone()
-            state["selection"] = torch.zeros(g, dtype=torch.float32, device=prob.device)
+            state["selection"] = torch.zeros(g, dtype=torch.bool, device=prob.device)
             state["step"] = torch.zeros((), dtype=torch.int64, device=prob.device)
         # everything below updates device tensors in place and branches on the device, so a decode
         # step captured in a CUDA graph keeps the memory and the refresh schedule on every replay
-        ema, sel, step = state["ema"], state["selection"], state["step"]
-        ema.mul_(self.memory).add_(prob, alpha=1.0 - self.memory)
-        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
-        fresh = torch.zeros_like(sel).index_fill_(0, ema.topk(keep).indices, 1.0)
-        refresh = torch.remainder(step, self.refresh_every) == 0
-        sel.copy_(torch.where(refresh, fresh, sel))
-        step.add_(1)
-        return sel.expand(logits.shape[0], logits.shape[1], -1)
+        ema, sel = state["ema"], state["selection"]
+        ema.lerp_(prob, 1.0 - self.memory)
+        fresh = torch.zeros_like(sel).index_fill_(0, ema.topk(keep, sorted=False).indices, True)
+        if self.refresh_every == 1:
+            sel.copy_(fresh)
+        else:
+            step = state["step"]
+            sel.copy_(torch.where(torch.remainder(step, self.refresh_every) == 0, fresh, sel))
+            step.add_(1)
+        return sel.expand(margin.shape[0], margin.shape[1], -1)
 
 
 @dataclass
