@@ -128,3 +128,52 @@ def test_cuda_graph_capture_decode_and_gemv():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+
+
+@pytest.mark.parametrize("rows", [1, 16, 256])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32-router", "bf16-router"])
+def test_router_margin(rows, wdtype):
+    torch.manual_seed(rows)
+    D, R, G = 4096, 32, 112
+    x = (torch.randn(rows, D, device=DEV) * 4).to(torch.bfloat16)
+    down = (torch.randn(R, D, device=DEV) / D**0.5).to(wdtype)
+    up = (torch.randn(G, R, device=DEV) / R**0.5).to(wdtype)
+    bias = (torch.randn(G, device=DEV) * 0.1).to(wdtype)
+    ref = wk.router_margin(x, down.float(), up.float(), bias.float(), decide=False, backend="torch")
+    got = wk.router_margin(x, down, up, bias, decide=False, backend="triton")
+    torch.testing.assert_close(got, ref, rtol=2e-2 if wdtype == torch.bfloat16 else 1e-4, atol=1e-3)
+    decided = wk.router_margin(x, down, up, bias, backend="triton")
+    clear = ref.abs() > 5e-2
+    assert torch.equal(decided[clear], (ref >= 0)[clear])
+
+
+@pytest.mark.parametrize("B,G", [(1, 8), (16, 112), (16, 448)])
+def test_coherent_select_and_graph_replay(B, G):
+    """The one-launch selection equals the reference step by step, also replayed from a CUDA graph."""
+    keep = G // 2
+    margins = [torch.randn(B, G, device=DEV, dtype=torch.bfloat16) for _ in range(4)]
+
+    def state():
+        return (torch.full((G,), 0.5, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
+                torch.zeros((), dtype=torch.int64, device=DEV))
+
+    ref, got = state(), state()
+    for m in margins:
+        wk.coherent_select(m, *ref, keep=keep, refresh_every=2, backend="torch")
+        wk.coherent_select(m, *got, keep=keep, refresh_every=2, backend="triton")
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-6, atol=1e-6)
+        assert torch.equal(got[1], ref[1]) and int(got[2]) == int(ref[2])
+    static = torch.empty_like(margins[0])
+    graph_state, ref = state(), state()
+    wk.coherent_select(static.copy_(margins[0]), *graph_state, keep=keep, refresh_every=2, backend="triton")  # warm-up
+    wk.coherent_select(margins[0], *ref, keep=keep, refresh_every=2, backend="torch")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wk.coherent_select(static, *graph_state, keep=keep, refresh_every=2, backend="triton")
+    for m in margins[1:]:
+        static.copy_(m)
+        graph.replay()
+        wk.coherent_select(m, *ref, keep=keep, refresh_every=2, backend="torch")
+    torch.cuda.synchronize()
+    torch.testing.assert_close(graph_state[0], ref[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(graph_state[1], ref[1]) and int(graph_state[2]) == int(ref[2])

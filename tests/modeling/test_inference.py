@@ -53,7 +53,8 @@ def test_kernels_are_eval_only_and_training_still_works():
 
 
 def test_triton_backend_greedy_tokens_match_torch_reference():
-    """fp32 tiny model through the Triton kernels (CPU interpreter) vs the torch reference, same masks."""
+    """fp32 tiny model through the Triton kernels (CPU interpreter) vs the torch reference: routers'
+    decisions (one `router_margin` launch per layer and kind), per-token and batch-coherent decode."""
     script = textwrap.dedent(
         """
         import sys, torch, wide
@@ -66,6 +67,13 @@ def test_triton_backend_greedy_tokens_match_torch_reference():
         wide.apply_wide(m, wide.WideConfig(attn_group_size=2, ffn_group_size=32))
         ids = torch.randint(3, 96, (2, 7))
         am = torch.ones_like(ids)
+        enable_kernels(m, "triton")
+        a = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
+        set_kernels(m, False)
+        b = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
+        assert torch.equal(a, b), (a, b)
+        # batch-coherent decode: the one-launch selection gives the reference's tokens
+        wide.set_coherent_decode(m, refresh_every=2)
         enable_kernels(m, "triton")
         a = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
         set_kernels(m, False)

@@ -9,6 +9,10 @@ Tensor conventions (all backends agree; mask True = execute):
 | gemm_k | x ``[..., K]``, weight ``[N, K]`` | ``[..., K/G]`` | ``(x * mask expanded) @ weight^T`` |
 | attention_prefill | q ``[B, T, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, T, Hq/g]`` | ``[B, T, Hq, D]`` |
 | attention_decode | q ``[B, 1, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, 1, Hq/g]`` | ``[B, 1, Hq, D]`` |
+
+Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
+`router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and
+`coherent_select` (batch-coherent decode's shared top-k with its EMA memory and refresh schedule).
 """
 
 from __future__ import annotations
@@ -173,3 +177,76 @@ def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None,
     call = dict(q=q, k=k, v=v, mask=mask, lengths=lengths, scale=scale, out=out)
     return dispatch.choose("attention_decode", backend, call, q.device).attention_decode(
         q, k, v, mask, lengths=lengths, scale=scale, out=out)
+
+
+def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: float = 1e-6,
+                  decide: bool = True, backend: str = "auto"):
+    """Execute-minus-skip margin of a linear router, or the decision ``margin >= 0``, for every token.
+
+    ``margin = F.linear(F.linear(n(x), down), up, bias)`` (``up`` None: ``F.linear(n(x), down, bias)``),
+    with ``n`` the parameter-free RMS norm (``normalize``) computed in fp32 and cast to ``down``'s dtype:
+    exactly `wide.routers.LowRankRouter`'s eval path (``up`` = its folded execute-minus-skip rows).
+
+    Args:
+        x: ``[..., D]`` residual stream.
+        down: ``[R, D]``.
+        up: ``[G, R]`` or None (then ``G = R``).
+        bias: ``[G]`` or None.
+        normalize, eps: RMS-normalise ``x`` first.
+        decide: return bool decisions (``margin >= 0``, ties execute) instead of fp32 margins.
+        backend: as in `gemm_mn`. The triton kernel takes rows of up to 256 tokens (decode, short
+            prefills); longer inputs go to cuBLAS through the reference.
+
+    Returns:
+        ``[..., G]`` bool (``decide``) or float32.
+    """
+    if down.dim() != 2 or down.shape[1] != x.shape[-1]:
+        raise ValueError(f"router_margin: down {tuple(down.shape)} must be [R, {x.shape[-1]}]")
+    if up is not None and (up.dim() != 2 or up.shape[1] != down.shape[0]):
+        raise ValueError(f"router_margin: up {tuple(up.shape)} must be [G, {down.shape[0]}]")
+    groups = up.shape[0] if up is not None else down.shape[0]
+    if bias is not None and tuple(bias.shape) != (groups,):
+        raise ValueError(f"router_margin: bias {tuple(bias.shape)} must be [{groups}]")
+    call = dict(x=x, down=down, up=up, bias=bias)
+    return dispatch.choose("router_margin", backend, call, x.device).router_margin(
+        x, down, up, bias, normalize=normalize, eps=eps, decide=decide)
+
+
+def coherent_select(margin, ema, selection, step, *, keep: int, memory: float = 0.5, refresh_every: int = 1,
+                    backend: str = "auto"):
+    """One decode step of batch-coherent routing, updating its state in place (no host sync).
+
+    ``ema <- lerp(ema, mean_b sigmoid(margin), 1 - memory)``; on steps where ``step % refresh_every == 0``
+    the ``keep`` groups with the highest EMA (ties: lower index) become the ``selection``; ``step += 1``.
+
+    Args:
+        margin: ``[B, G]`` execute-minus-skip margins of the step's rows.
+        ema: ``[G]`` float32 activation memory.
+        selection: ``[G]`` bool, the groups every row runs.
+        step: ``[]`` int64 decode-step counter.
+        keep: groups to select, ``1 <= keep <= G``.
+        memory: EMA decay in ``[0, 1)``.
+        refresh_every: steps between selections, ``>= 1``.
+        backend: as in `gemm_mn`.
+
+    Returns:
+        ``selection`` (updated).
+    """
+    if margin.dim() != 2 or margin.shape[0] == 0:
+        raise ValueError(f"coherent_select: margin {tuple(margin.shape)} must be [B >= 1, G]")
+    g = margin.shape[1]
+    if tuple(ema.shape) != (g,) or ema.dtype != torch.float32:
+        raise ValueError(f"coherent_select: ema must be float32 [{g}], got {ema.dtype} {tuple(ema.shape)}")
+    if tuple(selection.shape) != (g,) or selection.dtype != torch.bool:
+        raise ValueError(f"coherent_select: selection must be bool [{g}], got {selection.dtype} "
+                         f"{tuple(selection.shape)}")
+    if step.dim() != 0 or step.dtype != torch.int64:
+        raise ValueError(f"coherent_select: step must be an int64 scalar tensor, got {step.dtype} {tuple(step.shape)}")
+    if not 1 <= keep <= g:
+        raise ValueError(f"coherent_select: keep must be in [1, {g}], got {keep}")
+    if not 0.0 <= memory < 1.0 or refresh_every < 1:
+        raise ValueError(f"coherent_select: memory must be in [0, 1) and refresh_every >= 1, got {memory}, "
+                         f"{refresh_every}")
+    call = dict(margin=margin, ema=ema, selection=selection, step=step)
+    return dispatch.choose("coherent_select", backend, call, margin.device).coherent_select(
+        margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every)

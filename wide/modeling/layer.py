@@ -42,14 +42,15 @@ class WideLayer(nn.Module):
             return mask.expand(*residual.shape[:2], self.slots[kind].num_groups)
         router = self.routers[kind]
         coherent = self.runtime.coherent
+        backend = self.backend if self.use_kernels() else "torch"
         if coherent is not None and not self.training and residual.shape[1] == 1:
             return coherent.select(self._coherent.setdefault(kind, {}), router.execute_margin(residual),
-                                  router.expected_sparsity())
+                                  router.expected_sparsity(), backend=backend)
         builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
         if builtin and not self.training:
             # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that
             # the fused kernels take as is and the reference path converts where it multiplies
-            return router.execute_margin(residual) >= 0
+            return router.execute_decision(residual, backend=backend)
         logits = router(residual)
         deterministic = getattr(router, "deterministic", False)
         extra = {}

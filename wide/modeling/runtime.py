@@ -74,34 +74,29 @@ class CoherentDecode:
         if not 0.0 <= self.memory < 1.0:
             raise ValueError(f"memory: must be in [0, 1), got {self.memory!r}")
 
-    def select(self, state: dict, margin: torch.Tensor, target: float) -> torch.Tensor:
+    def select(self, state: dict, margin: torch.Tensor, target: float, backend: str = "torch") -> torch.Tensor:
         """``margin [B, 1, G]`` (execute minus skip logit) -> the shared execute mask ``[B, 1, G]`` (bool).
 
-        ``target`` is the router's expected skip rate. A few launches per call, none syncing the host:
-        the execute probability of a two-way softmax is ``sigmoid(margin)``.
+        ``target`` is the router's expected skip rate; ``backend`` the kernel backend of routed inference
+        (`wide.kernels.coherent_select`: one launch on triton, a few torch ops on the reference; no host
+        sync either way).
         """
         import math
 
-        prob = torch.sigmoid(margin.float()).mean(dim=(0, 1))  # [G]
-        g = prob.shape[0]
+        from wide.kernels import coherent_select
+
+        b, _, g = margin.shape
+        margin = margin.reshape(b, g)
         keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
-        if state.get("ema") is None or state["ema"].shape != prob.shape:
-            # first decode step of a sequence: start the memory and select now
-            state["ema"] = prob.clone()
-            state["selection"] = torch.zeros(g, dtype=torch.bool, device=prob.device)
-            state["step"] = torch.zeros((), dtype=torch.int64, device=prob.device)
-        # everything below updates device tensors in place and branches on the device, so a decode
-        # step captured in a CUDA graph keeps the memory and the refresh schedule on every replay
-        ema, sel = state["ema"], state["selection"]
-        ema.lerp_(prob, 1.0 - self.memory)
-        fresh = torch.zeros_like(sel).index_fill_(0, ema.topk(keep, sorted=False).indices, True)
-        if self.refresh_every == 1:
-            sel.copy_(fresh)
-        else:
-            step = state["step"]
-            sel.copy_(torch.where(torch.remainder(step, self.refresh_every) == 0, fresh, sel))
-            step.add_(1)
-        return sel.expand(margin.shape[0], margin.shape[1], -1)
+        if state.get("ema") is None or state["ema"].shape != (g,):
+            # first decode step of a sequence: start the memory from this step and select now; the state
+            # is updated in place afterwards, so a captured step keeps it on every replay
+            state["ema"] = torch.sigmoid(margin.float()).mean(0)
+            state["selection"] = torch.zeros(g, dtype=torch.bool, device=margin.device)
+            state["step"] = torch.zeros((), dtype=torch.int64, device=margin.device)
+        sel = coherent_select(margin, state["ema"], state["selection"], state["step"], keep=keep,
+                              memory=self.memory, refresh_every=self.refresh_every, backend=backend)
+        return sel.expand(b, 1, g)
 
 
 @dataclass

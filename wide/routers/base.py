@@ -67,6 +67,15 @@ class Router(nn.Module):
         logits = self(hidden)
         return logits[..., 0] - logits[..., 1]
 
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        """``[B, T, G]`` bool eval decision (execute where the margin is ``>= 0``).
+
+        ``backend`` is the kernel backend of routed inference (``"torch"`` when kernels are off). The
+        default compares :meth:`execute_margin`; the linear and low-rank routers run it as one
+        `wide.kernels.router_margin` launch on the triton backend.
+        """
+        return self.execute_margin(hidden) >= 0
+
     def expected_sparsity(self) -> float:
         """The skip rate this router is expected to realize (its target unless it knows better).
 
@@ -98,7 +107,8 @@ class FoldedMargin:
         self._w: torch.Tensor | None = None
         self._b: torch.Tensor | None = None
 
-    def __call__(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    def weights(self, layer: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The folded ``[G, in]`` weight and ``[G]`` bias (or None) of ``layer``, recomputed only when it changed."""
         w, b = layer.weight, layer.bias
         key = (w.data_ptr(), w._version, w.device, w.dtype) + ((b.data_ptr(), b._version) if b is not None else ())
         if key != self._key:
@@ -111,7 +121,10 @@ class FoldedMargin:
                 else:
                     self._b = None
             self._key = key
-        return torch.nn.functional.linear(x, self._w, self._b)
+        return self._w, self._b
+
+    def __call__(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, *self.weights(layer))
 
 
 def split_logits(out: torch.Tensor, num_groups: int) -> torch.Tensor:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import difflib
 from typing import ClassVar
 
-OPS: tuple[str, ...] = ("gemm_mn", "swiglu", "gemm_k", "attention_prefill", "attention_decode")
+OPS: tuple[str, ...] = ("gemm_mn", "swiglu", "gemm_k", "attention_prefill", "attention_decode", "router_margin",
+                        "coherent_select")
 
 _BACKENDS: dict[str, type["KernelBackend"]] = {}
 _INSTANCES: dict[str, "KernelBackend"] = {}

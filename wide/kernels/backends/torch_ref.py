@@ -101,6 +101,25 @@ class TorchBackend(KernelBackend):
         return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
 
 
+    def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps) if normalize else x
+        m = F.linear(h.to(down.dtype), down, bias if up is None else None)
+        if up is not None:
+            m = F.linear(m, up, bias)
+        return m >= 0 if decide else m.float()
+
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.5, refresh_every=1):
+        ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
+        order = torch.sort(ema, descending=True, stable=True).indices[:keep]  # ties: lower index first
+        fresh = torch.zeros_like(selection).index_fill_(0, order, True)
+        if refresh_every == 1:
+            selection.copy_(fresh)
+        else:  # decided on the device, so a captured step keeps its schedule on every replay
+            selection.copy_(torch.where(torch.remainder(step, refresh_every) == 0, fresh, selection))
+        step.add_(1)
+        return selection
+
+
 def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
     if out is None:
         return y

@@ -225,6 +225,50 @@ class TritonBackend(KernelBackend):
         return ta.attention_prefill(q, k, v, out, perm, counts, lens, HQ // mask.shape[-1], causal,
                                     scale, cfg)
 
+    def verify_router_margin(self, x, down, up=None, bias=None, **_):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, down, up, bias)):
+            return False, "autograd is not supported (forward-only backend)"
+        ok, why = _device_ok(x, down, up, bias)
+        if not ok:
+            return ok, why
+        for t in (x, down, up, bias):
+            if t is not None and t.dtype not in _DTYPES:
+                return False, f"dtype {t.dtype} not in fp16/bf16/fp32"
+        rows = x.numel() // max(1, x.shape[-1])
+        if rows > 256:
+            return False, f"{rows} rows: long inputs run faster as cuBLAS GEMMs (kernel covers <= 256)"
+        if down.shape[0] > 128 and up is not None:
+            return False, f"rank {down.shape[0]} > 128"
+        if down.shape[0] > 1024:
+            return False, f"{down.shape[0]} outputs > 1024"
+        if down.stride(-1) != 1 or (up is not None and up.stride(-1) != 1):
+            return False, "weights need a contiguous last dimension"
+        return True, ""
+
+    def verify_coherent_select(self, margin, ema, selection, step, **_):
+        ok, why = _device_ok(margin, ema, selection, step)
+        if ok and margin.dtype not in _DTYPES:
+            ok, why = False, f"dtype {margin.dtype} not in fp16/bf16/fp32"
+        if ok and margin.shape[1] > 4096:
+            ok, why = False, f"{margin.shape[1]} groups > 4096"
+        if ok and not (margin.stride(-1) == 1 and ema.is_contiguous() and selection.is_contiguous()):
+            ok, why = False, "needs contiguous groups"
+        return ok, why
+
+    def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):
+        from ..triton import router as tr
+
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = tr.router_margin(x2, down, up, bias, normalize, eps, decide)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.5, refresh_every=1):
+        from ..triton import router as tr
+
+        return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every)
+
     def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None):
         from ..triton import attention as ta
 

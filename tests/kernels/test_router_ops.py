@@ -1,0 +1,149 @@
+"""The routing ops: `router_margin` (a linear / low-rank router's margin or decision) and `coherent_select`
+(batch-coherent decode's shared top-k), torch reference against the router code and the Triton kernels."""
+
+import os
+
+import pytest
+import torch
+
+from wide import kernels
+from wide.routers.base import RouterSpec
+from wide.routers.lowrank import LowRankRouter
+
+INTERPRET = pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="interpreter check")
+
+
+def _spec(d=64, g=7, rank=8):
+    return RouterSpec(kind="ffn", layer_idx=0, num_layers=1, hidden_size=d, num_groups=g, group_size=16,
+                      target_sparsity=0.5, rank=rank)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_reference_is_the_low_rank_routers_eval_path(dtype, normalize):
+    torch.manual_seed(0)
+    router = LowRankRouter(_spec(), normalize=normalize, execute_bias=0.3).to(dtype)
+    x = torch.randn(2, 5, 64) * 3
+    w, b = router._fold.weights(router.up)
+    margin = kernels.router_margin(x, router.down.weight, w, b, normalize=normalize, decide=False, backend="torch")
+    assert torch.equal(margin, router.execute_margin(x).float())
+    decision = kernels.router_margin(x, router.down.weight, w, b, normalize=normalize, backend="torch")
+    assert decision.dtype == torch.bool and torch.equal(decision, router.execute_margin(x) >= 0)
+
+
+@INTERPRET
+@pytest.mark.parametrize("rows,d,rank,groups", [(1, 64, 8, 7), (3, 100, 4, 1), (17, 64, 32, 70), (2, 48, 5, 130)])
+@pytest.mark.parametrize("normalize,with_bias", [(True, True), (False, False)])
+@pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
+def test_triton_router_margin_matches_reference(rows, d, rank, groups, normalize, with_bias, xdtype):
+    torch.manual_seed(rows + d + groups)
+    x = (torch.randn(rows, d) * 2).to(xdtype)
+    down = torch.randn(rank, d) / d ** 0.5
+    up = torch.randn(groups, rank) / rank ** 0.5
+    bias = torch.randn(groups) * 0.1 if with_bias else None
+    ref = kernels.router_margin(x, down, up, bias, normalize=normalize, decide=False, backend="torch")
+    got = kernels.router_margin(x, down, up, bias, normalize=normalize, decide=False, backend="triton")
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    decided = kernels.router_margin(x, down, up, bias, normalize=normalize, backend="triton")
+    clear = ref.abs() > 1e-4  # a margin this close to 0 may round either way
+    assert decided.dtype == torch.bool and decided.shape == (rows, groups)
+    assert torch.equal(decided[clear], (ref >= 0)[clear])
+
+
+@INTERPRET
+def test_triton_router_margin_single_linear_and_leading_dims():
+    torch.manual_seed(1)
+    x = torch.randn(2, 1, 40)
+    weight, bias = torch.randn(9, 40) / 7, torch.randn(9)
+    ref = kernels.router_margin(x, weight, None, bias, decide=False, backend="torch")
+    got = kernels.router_margin(x, weight, None, bias, decide=False, backend="triton")
+    assert got.shape == (2, 1, 9)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@INTERPRET
+def test_long_inputs_fall_back_to_the_reference():
+    x = torch.randn(300, 16)
+    down, up = torch.randn(4, 16), torch.randn(3, 4)
+    got = kernels.router_margin(x, down, up, backend="triton")  # 300 rows > 256: the reference runs
+    assert torch.equal(got, kernels.router_margin(x, down, up, backend="torch"))
+
+
+def test_router_margin_rejects_bad_shapes():
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match="down"):
+        kernels.router_margin(x, torch.randn(4, 15))
+    with pytest.raises(ValueError, match="up"):
+        kernels.router_margin(x, torch.randn(4, 16), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="bias"):
+        kernels.router_margin(x, torch.randn(4, 16), torch.randn(3, 4), torch.randn(4))
+
+
+def _state(g):
+    return torch.zeros(g), torch.zeros(g, dtype=torch.bool), torch.zeros((), dtype=torch.int64)
+
+
+def _run(backend, margins, keep, memory, refresh):
+    ema, sel, step = _state(margins[0].shape[1])
+    ema.copy_(torch.sigmoid(margins[0]).mean(0))  # the layer starts the memory from the first step
+    out = []
+    for m in margins:
+        kernels.coherent_select(m, ema, sel, step, keep=keep, memory=memory, refresh_every=refresh,
+                                backend=backend)
+        out.append((ema.clone(), sel.clone(), int(step)))
+    return out
+
+
+def test_coherent_reference_selects_the_top_ema_groups_on_schedule():
+    torch.manual_seed(0)
+    margins = [torch.randn(4, 10) for _ in range(5)]
+    steps = _run("torch", margins, keep=3, memory=0.5, refresh=2)
+    for i, (ema, sel, step) in enumerate(steps):
+        assert step == i + 1 and sel.sum() == 3
+        if i % 2 == 0:  # refreshed: exactly the three best EMAs
+            assert torch.equal(sel, torch.zeros(10, dtype=torch.bool).index_fill_(0, ema.topk(3).indices, True))
+        else:
+            assert torch.equal(sel, steps[i - 1][1])
+
+
+def test_coherent_ties_go_to_the_lower_index():
+    ema, sel, step = _state(6)
+    kernels.coherent_select(torch.zeros(2, 6), ema, sel, step, keep=2, backend="torch")
+    assert sel.tolist() == [True, True, False, False, False, False]
+
+
+@INTERPRET
+@pytest.mark.parametrize("batch,groups,keep", [(1, 1, 1), (4, 2, 1), (16, 112, 56), (3, 130, 129), (2, 8, 8)])
+@pytest.mark.parametrize("memory,refresh", [(0.5, 1), (0.0, 3), (0.9, 2)])
+def test_triton_coherent_select_matches_reference(batch, groups, keep, memory, refresh):
+    torch.manual_seed(batch * groups)
+    margins = [torch.randn(batch, groups) * 2 for _ in range(4)]
+    ref = _run("torch", margins, keep, memory, refresh)
+    got = _run("triton", margins, keep, memory, refresh)
+    for (e1, s1, n1), (e2, s2, n2) in zip(ref, got):
+        torch.testing.assert_close(e2, e1, rtol=1e-6, atol=1e-7)
+        assert n1 == n2 and torch.equal(s1, s2)
+
+
+@INTERPRET
+def test_triton_coherent_ties_and_bf16_margins():
+    ema, sel, step = _state(6)
+    kernels.coherent_select(torch.zeros(2, 6, dtype=torch.bfloat16), ema, sel, step, keep=2, backend="triton")
+    assert sel.tolist() == [True, True, False, False, False, False] and int(step) == 1
+
+
+def test_coherent_select_rejects_bad_state():
+    ema, sel, step = _state(4)
+    m = torch.randn(2, 4)
+    with pytest.raises(ValueError, match="keep"):
+        kernels.coherent_select(m, ema, sel, step, keep=0)
+    with pytest.raises(ValueError, match="ema"):
+        kernels.coherent_select(m, ema.double(), sel, step, keep=1)
+    with pytest.raises(ValueError, match="selection"):
+        kernels.coherent_select(m, ema, sel.float(), step, keep=1)
+    with pytest.raises(ValueError, match="step"):
+        kernels.coherent_select(m, ema, sel, step.int(), keep=1)
+    with pytest.raises(ValueError, match="memory"):
+        kernels.coherent_select(m, ema, sel, step, keep=1, memory=1.0)
+    with pytest.raises(ValueError, match="margin"):
+        kernels.coherent_select(m[:0], ema, sel, step, keep=1)

@@ -1,0 +1,121 @@
+"""Routing decisions in one launch each (Triton): the low-rank router's margin, and the coherent top-k.
+
+Decode steps are launch-bound: the eager router (RMS norm, two small GEMMs, a comparison) costs ~6
+launches per layer and kind, the batch-coherent selection (sigmoid, batch mean, EMA, top-k, scatter,
+schedule) ~8. Each kernel here does the same work in one launch; both are tiny (one program per row,
+or one program in all), so they only pay where launches dominate: decode and short prefills.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, D, R, G, sxm, sdr, sug, som, eps,
+                          NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          DECIDE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_G: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK_R)
+    rin = r < R
+    h = tl.zeros([BLOCK_R], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        din = d < D
+        xv = tl.load(x_ptr + row * sxm + d, mask=din, other=0.0).to(tl.float32)
+        ss += xv * xv
+        w = tl.load(down_ptr + r[:, None] * sdr + d[None, :], mask=rin[:, None] & din[None, :], other=0.0)
+        h += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
+    if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
+        h = h * tl.rsqrt(tl.sum(ss, axis=0) / D + eps)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gin = g < G
+        if HAS_UP:
+            u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+            m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
+        else:  # the first stage already has G outputs (R == G)
+            m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
+        if HAS_BIAS:
+            m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
+        if DECIDE:
+            tl.store(out_ptr + row * som + g, (m >= 0).to(tl.uint8), mask=gin)
+        else:
+            tl.store(out_ptr + row * som + g, m, mask=gin)
+
+
+def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
+                  normalize: bool, eps: float, decide: bool) -> torch.Tensor:
+    """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
+    M, D = x.shape
+    R = down.shape[0]
+    G = up.shape[0] if up is not None else R
+    out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
+    if M == 0 or G == 0:
+        return out
+    dst = out.view(torch.uint8) if decide else out
+    block_r = max(16, triton.next_power_of_2(R))
+    block_d = max(16, min(triton.next_power_of_2(D), 8192 // block_r))
+    block_g = max(16, min(triton.next_power_of_2(G), 4096 // block_r))
+    _router_margin_kernel[(M,)](
+        x, down, up if up is not None else down, bias if bias is not None else down, dst, D, R, G,
+        x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
+        NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
+        BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
+    return out
+
+
+@triton.jit
+def _lerp(start, end, w):
+    # torch.lerp's two formulas (exact at both ends), so the EMA matches the reference to the bit
+    return tl.where(w < 0.5, start + w * (end - start), end - (end - start) * (1.0 - w))
+
+
+@triton.jit
+def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep, refresh_every,
+                     BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+    # one program: G is the number of groups of one layer and kind (tens to hundreds)
+    g = tl.arange(0, BLOCK_G)
+    gin = g < G
+    p = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for b in range(0, B):
+        p += tl.sigmoid(tl.load(m_ptr + b * smb + g, mask=gin, other=0.0).to(tl.float32))
+    old = tl.load(ema_ptr + g, mask=gin, other=0.0)
+    e = _lerp(old, p / B, weight)
+    # rank of each group by the new EMA, ties to the lower index: the j-blocks recompute their EMA from
+    # the inputs, so nothing is read back after a store
+    rank = tl.zeros([BLOCK_G], dtype=tl.int32)
+    for j0 in range(0, G, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        jin = j < G
+        pj = tl.zeros([BLOCK_J], dtype=tl.float32)
+        for b in range(0, B):
+            pj += tl.sigmoid(tl.load(m_ptr + b * smb + j, mask=jin, other=0.0).to(tl.float32))
+        oj = tl.load(ema_ptr + j, mask=jin, other=0.0)
+        ej = _lerp(oj, pj / B, weight)
+        ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
+        rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
+    step = tl.load(step_ptr)
+    fresh = (rank < keep).to(tl.uint8)
+    sel = tl.load(sel_ptr + g, mask=gin, other=0)
+    sel = tl.where(step % refresh_every == 0, fresh, sel)
+    tl.store(ema_ptr + g, e, mask=gin)
+    tl.store(sel_ptr + g, sel, mask=gin)
+    tl.store(step_ptr, step + 1)
+
+
+def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Tensor, step: torch.Tensor,
+                    keep: int, memory: float, refresh_every: int) -> torch.Tensor:
+    """In place over ``ema`` / ``selection`` / ``step``; see `wide.kernels.coherent_select`."""
+    B, G = margin.shape
+    if G:
+        block_g = max(16, triton.next_power_of_2(G))
+        block_j = max(16, min(block_g, 8192 // block_g))
+        _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, B, G, margin.stride(0),
+                               1.0 - float(memory), int(keep), int(refresh_every), BLOCK_G=block_g, BLOCK_J=block_j,
+                               num_warps=4)
+    return selection
