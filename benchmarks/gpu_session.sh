@@ -6,7 +6,7 @@
 # one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
-#   bench         [detached, GPU 1] pytest -m gpu, wide bench (graphs), prefill profile
+#   bench         [detached, GPU 1] pytest -m gpu, wide bench (graphs), routing-op kernels, profiles
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   status        log tails; results packed into $OUT/results.tgz
@@ -35,6 +35,8 @@ _bench)
   python3 -c "import torch, triton, transformers, lightning; print(torch.__version__, triton.__version__, transformers.__version__, lightning.__version__)"
   CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
   $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
+  python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
+    | tee /tmp/res/kernels_routing.md
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.0 --layers 8 2>&1 | tee /tmp/res/profile_4k_0.txt
   python3 benchmarks/profile_prefill.py --tokens 1024 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_1k.txt

@@ -5,12 +5,18 @@ head_dim 128), bf16, random masks. Prints dense/routed ratios with absolute time
     PYTHONPATH=. python3 benchmarks/kernels.py --quick    # the target rows only
     PYTHONPATH=. python3 benchmarks/kernels.py --json results.json
     PYTHONPATH=. python3 benchmarks/kernels.py --tune     # time candidate configs per shape
+    PYTHONPATH=. python3 benchmarks/kernels.py --ops router_margin,coherent_select   # some ops only
 
 Timing: medians of CUDA-event timings. Large ops: ``triton.testing.do_bench`` (L2 flushed between
 runs). Small ops (M <= 128, decode): one CUDA graph holding 20 back-to-back calls, replayed; the same
 for the dense side. ``gather`` synchronizes with the host, so it is timed eagerly. The routing plan is
 built once outside the timed region (a layer builds it once and its paired ops share it); its cost is
 reported in its own column.
+
+Routing rows (`router_margin`, `coherent_select`, decode sizes): the "dense" side is the torch
+reference (the eager ops a decode step would launch: RMS norm, two GEMVs, a comparison; or sigmoid,
+mean, lerp, sort, scatter), the routed side the one-launch Triton kernel, both in CUDA graphs;
+"rel err" is the fraction of decisions that differ.
 """
 
 from __future__ import annotations
@@ -331,6 +337,28 @@ def run_decode(S: int, B: int, density: float, with_gather: bool, config=None) -
     return r
 
 
+def run_routing(op: str, B: int, G: int) -> dict:
+    """A low-rank router's decisions (rank 32) or one coherent-decode selection (keep G/2), B tokens."""
+    import wide.kernels as wk
+
+    B, G = small_size(B, 3), small_size(G, 20)
+    rank = 32
+    if op == "router_margin":
+        x = torch.randn(B, HIDDEN, device=DEV, dtype=DT)
+        down = torch.randn(rank, HIDDEN, device=DEV) / HIDDEN**0.5
+        up, bias = torch.randn(G, rank, device=DEV) / rank**0.5, torch.zeros(G, device=DEV)
+        ref = lambda: wk.router_margin(x, down, up, bias, backend="torch")  # noqa: E731
+        fused = lambda: wk.router_margin(x, down, up, bias, backend="triton")  # noqa: E731
+    else:
+        m = torch.randn(B, G, device=DEV, dtype=DT)
+        states = [(torch.zeros(G, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
+                   torch.zeros((), dtype=torch.int64, device=DEV)) for _ in range(2)]
+        ref = lambda: wk.coherent_select(m, *states[0], keep=G // 2, backend="torch")  # noqa: E731
+        fused = lambda: wk.coherent_select(m, *states[1], keep=G // 2, backend="triton")  # noqa: E731
+    err = (ref() != fused()).float().mean().item()
+    return row(op, B, 0.5, "torch ops", bench_graph(ref), bench_graph(fused), None, 0.0, err, group=G)
+
+
 # --------------------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------------------
@@ -373,6 +401,10 @@ def main_table(args) -> list[dict]:
             if quick and S == 4096:
                 continue
             jobs.append(("decode", S, B, 0.5))
+    for op in ("router_margin", "coherent_select"):
+        for B in (1, 16):
+            for G in (8, 112):
+                jobs.append(("routing", op, B, G))
     sweep = [1.0, 0.9, 0.7, 0.5, 0.3, 0.1] if quick else [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
     if SMOKE:
         sweep = [1.0, 0.5]
@@ -387,6 +419,9 @@ def main_table(args) -> list[dict]:
             jobs.append(("decode", 32768, 1, d))
             jobs.append(("gemm", "gemm_mn", 1, 128, d))
             jobs.append(("gemm", "gemm_k", 1, 128, d))
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        jobs = [j for j in jobs if (j[1] if j[0] in ("gemm", "gemm_xm", "routing") else j[0]) in wanted]
     print(HEADER, flush=True)
     for job in jobs:
         t0 = time.time()
@@ -398,6 +433,9 @@ def main_table(args) -> list[dict]:
             elif job[0] == "gemm_xm":
                 _, op, M, g, d = job
                 r = run_gemm(op, M, g, d, with_gather=False, x_masked=True)
+            elif job[0] == "routing":
+                _, op, B, G = job
+                r = run_routing(op, B, G)
             elif job[0] == "prefill":
                 _, T, g, d = job
                 r = run_prefill(T, g, d, with_gather=with_gather and d == 0.5 and T <= 4096)
@@ -521,6 +559,7 @@ def main():
     ap.add_argument("--tune-budget-s", type=float, default=300.0)
     ap.add_argument("--no-gather", action="store_true", help="skip the gather baseline")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run (Triton interpreter, tiny shapes)")
+    ap.add_argument("--ops", help="comma-separated ops to time (default: all), e.g. router_margin,coherent_select")
     args = ap.parse_args()
     if not SMOKE and not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a CUDA GPU (or --smoke for a CPU dry run)")
