@@ -194,8 +194,8 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
         bias: ``[G]`` or None.
         normalize, eps: RMS-normalise ``x`` first.
         decide: return bool decisions (``margin >= 0``, ties execute) instead of fp32 margins.
-        backend: as in `gemm_mn`. The triton kernel takes rows of up to 256 tokens (decode, short
-            prefills); longer inputs go to cuBLAS through the reference.
+        backend: as in `gemm_mn`. The triton kernel takes up to 64 rows (decode steps); longer inputs
+            go to cuBLAS through the reference.
 
     Returns:
         ``[..., G]`` bool (``decide``) or float32.
