@@ -4,7 +4,9 @@ Default model: a Llama-3.1-8B-shaped network (hidden 4096, FFN 14336, 32 q / 8 k
 with random bf16 weights; or ``--model`` for any local model / asset. Masks come from a trained
 checkpoint (``--checkpoint``) or are synthetic (``random`` routers at each ``--sparsity``).
 
-Prefill: batch 1, logits for the last token only. Decode: one new token per row after a ``--context``
+Prefill: batch 1, logits for the last token only, timed eagerly on both sides and (on a GPU, unless
+``--no-graphs``) replayed from a CUDA graph on both sides, which removes host launch overhead the way an
+engine that captures prefill shapes does. Decode: one new token per row after a ``--context``
 prompt. Decode runs under CUDA graphs on both sides when they can be captured (one step over a static
 cache, rewound on the device after each replay; the routed side runs the fused decode attention with
 per-row lengths read from the mask). The dense decode baseline is the fastest of transformers' masked
@@ -72,6 +74,45 @@ def build_model(model: Optional[str], layers: Optional[int], device: str, dtype:
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return m.eval()
+
+
+class PrefillRunner:
+    """Times one batch-1 prefill (logits of the last token only), eagerly or replayed from a CUDA graph.
+
+    The graph mode removes host launch overhead on both sides (what an engine that captures prefill
+    shapes gets); a capture that fails falls back to eager and says why in ``mode``.
+    """
+
+    def __init__(self, model, tokens: int, graph: bool):
+        self.model = model
+        dev = next(model.parameters()).device
+        self.ids = _tokens(model, (1, tokens), device=dev)
+        self.graph = None
+        self.mode = "eager"
+        if graph and dev.type == "cuda":
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # compiles the Triton kernels and fills the allocator before capture
+                        self._forward()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph_ = torch.cuda.CUDAGraph()
+                with torch.inference_mode(), torch.cuda.graph(graph_):
+                    self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
+                self.graph, self.mode = graph_, "graph"
+            except Exception as err:  # noqa: BLE001 - report and fall back
+                self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
+
+    def _forward(self):
+        with torch.inference_mode():
+            self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
+
+    def step(self):
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._forward()
 
 
 class DecodeRunner:
@@ -237,17 +278,22 @@ def run(args) -> list[dict]:
     dev = next(model.parameters()).device
     rows: list[dict] = []
 
-    def prefill_fn(t):
-        ids = _tokens(model, (1, t), device=dev)
+    # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides
+    prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else [])
 
-        def fn():
-            with torch.inference_mode():
-                model(input_ids=ids, logits_to_keep=1, use_cache=False)
-        return fn
+    def time_prefill(t: int, graph: bool) -> tuple[float, str]:
+        runner = PrefillRunner(model, t, graph)
+        ms = timed(runner.step, iters=args.iters)
+        mode = runner.mode
+        del runner
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        return ms, mode
 
     dense = {}
     for t in args.prefill:
-        dense[("prefill", 1, t)] = (timed(prefill_fn(t), iters=args.iters), "eager")
+        for graph in prefill_modes:
+            dense[("prefill", 1, t, graph)] = time_prefill(t, graph)
     dense_variants = {}
     for b in args.decode_batch:
         ms, best, times = best_dense_decode(model, b, args.context, not args.no_graphs, args.iters * 4)
@@ -275,11 +321,13 @@ def run(args) -> list[dict]:
             for r in routers:
                 r.rate = s
         for t in args.prefill:
-            ms = timed(prefill_fn(t), iters=args.iters)
-            realized = wide.sparsity_stats(model).realized().item()
-            d, mode = dense[("prefill", 1, t)]
-            rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized, routing="per-token",
-                             dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
+            for graph in prefill_modes:
+                ms, rmode = time_prefill(t, graph)
+                realized = wide.sparsity_stats(model).realized().item()
+                d, dmode = dense[("prefill", 1, t, graph)]
+                mode = dmode if dmode == rmode else f"dense {dmode} / routed {rmode}"
+                rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized,
+                                 routing="per-token", dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
         for name, refresh in variants:
             wide.modeling.inference.set_coherent_decode(model, refresh)
             for b in args.decode_batch:
