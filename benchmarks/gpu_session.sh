@@ -78,7 +78,7 @@ status)
   for c in runs/quality/*/cells/*/ runs/quality/*/fits/*/; do
     d=/tmp/res/cells/$(basename $(dirname $(dirname $c)))/$(basename $c); mkdir -p $d
     for f in $c*.log; do [ -f "$f" ] && tail -c 20000 "$f" > $d/$(basename "$f"); done
-    cp $c/result.json $c/cell.json $c/eval/results.json $d/ 2>/dev/null; done
+    cp $c/result.json $c/cell.json $c/error.txt $c/eval/results.json $d/ 2>/dev/null; done
   tar czf $OUT/results.tgz -C /tmp res 2>/dev/null; ls -la $OUT
   ;;
 esac

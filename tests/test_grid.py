@@ -195,7 +195,9 @@ def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir,
     assert json.loads((out / "cells/method=dense/result.json").read_text())["status"] == "done"
     error = (out / "cells/method=broken/error.txt").read_text()
     assert "fit calibrate of method=broken failed" in error and "ffn_group_size" in error
-    assert "*failed*" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "*failed*" in report
+    assert "### Failed cells" in report and "ffn_group_size" in report.split("### Failed cells")[1]
 
 
 # ------------------------------------------------------------------------------------ shipped grids

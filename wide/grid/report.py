@@ -19,8 +19,10 @@ def load_rows(spec: GridSpec) -> list[dict[str, Any]]:
         cell_dir = Path(spec.output) / "cells" / cell.name
         row = read_json(cell_dir / "result.json")
         if row is None:
-            status = "failed" if (cell_dir / "error.txt").is_file() else "pending"
-            row = {"cell": cell.name, "labels": cell.labels, "status": status}
+            error = cell_dir / "error.txt"
+            row = {"cell": cell.name, "labels": cell.labels, "status": "failed" if error.is_file() else "pending"}
+            if error.is_file():
+                row["error"] = error.read_text().strip()
         rows.append(row)
     return rows
 
@@ -149,6 +151,11 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
     if evals:
         lines.append("Eval wall time per cell: " + ", ".join(
             f"{r['cell']} {_secs(r['eval'].get('wall_s'))}" for r in evals) + ".")
+    failures = [r for r in rows if r.get("error")]
+    if failures:  # the reason next to the table: a grid run remotely may not bring its cell folders back
+        lines += ["", "### Failed cells", ""]
+        for r in failures:
+            lines += [f"{r['cell']} (`cells/{r['cell']}/error.txt`):", "", "```", r["error"][-3000:], "```", ""]
     return "\n".join(lines) + "\n"
 
 
