@@ -41,6 +41,8 @@ _bench)
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.0 --layers 8 2>&1 | tee /tmp/res/profile_4k_0.txt
   python3 benchmarks/profile_prefill.py --tokens 1024 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_1k.txt
   for b in 1 16; do python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode $b 2>&1 | tee /tmp/res/profile_decode_b$b.txt; done
+  python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 16 --coherent 2>&1 \
+    | tee /tmp/res/profile_decode_b16_coherent.txt
   echo BENCH_DONE
   ;;
 _smollm)

@@ -9,6 +9,7 @@ op family is what a CUDA graph replays, the host gap is what it removes.
 
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 1
+    python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 16 --coherent
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def family(name: str) -> str:
                        ("gemm_k", "routed gemm_k"), ("splitk_reduce", "routed gemm_k"),
                        ("mask_columns", "routed gemm_k"), ("_prefill_kernel", "routed attention"),
                        ("_decode_split", "routed attention"), ("_decode_reduce", "routed attention"),
-                       ("partition", "routing plan"),
+                       ("partition", "routing plan"), ("_router_margin", "routing decision"),
+                       ("_coherent", "routing decision"),
                        ("flash", "dense attention"), ("fmha", "dense attention"), ("cudnn", "dense attention"),
                        ("gemm", "cuBLAS GEMM"), ("gemv", "cuBLAS GEMM"), ("nvjet", "cuBLAS GEMM"),
                        ("cutlass", "cuBLAS GEMM"), ("mask_epilogue", "routed gemm_mn/swiglu")):
@@ -72,6 +74,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--decode", type=int, default=0, help="profile a decode step of this many rows instead")
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
+    ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
     args = ap.parse_args()
 
     import wide
@@ -109,6 +112,8 @@ def main() -> None:
     for wl in wide.modeling.runtime_of(model).layers:
         for r in wl.routers.values():
             r.rate = args.sparsity
+    if args.coherent:
+        wide.set_coherent_decode(model, 1)
     state.clear()
     results["routed"] = profile(fn, args.iters)
 
@@ -125,7 +130,8 @@ def main() -> None:
         print(f"routed host hot spots ({args.iters} forwards):")
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
-    what = f"decode step, batch {args.decode}, context" if args.decode else "prefill"
+    what = (f"decode step ({'coherent' if args.coherent else 'per-token'} routing), batch {args.decode}, context"
+            if args.decode else "prefill")
     print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")
     for name, (wall, groups, count, syncs) in results.items():
         gpu = sum(groups.values())
