@@ -110,3 +110,5 @@ def test_random_router_margin_decides_like_forward():
     margin = b.execute_margin(hidden)
     assert torch.equal(margin >= 0, logits[..., 0] > logits[..., 1])
     assert 0.5 < (margin >= 0).float().mean() < 0.9
+    c = RandomRouter(spec, sparsity=0.3, seed=11)
+    assert torch.equal(c.execute_decision(hidden), margin >= 0)

@@ -47,3 +47,6 @@ class RandomRouter(Router):
         # the same draw and decision as forward() in two launches instead of seven: benchmarks time the
         # routed layer, not the synthetic mask source
         return self._uniform(hidden) - self.rate
+
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        return self._uniform(hidden) >= self.rate
