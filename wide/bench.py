@@ -448,7 +448,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="local model / asset (default: random Llama-3.1-8B shape)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
     p.add_argument("--checkpoint", default=None, help="trained routers (.safetensors) instead of synthetic masks")
-    p.add_argument("--sparsity", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
+                   help="target sparsities (0: the routed overhead with every group executing)")
     p.add_argument("--prefill", type=int, nargs="*", default=[1024, 4096, 16384])
     p.add_argument("--decode-batch", type=int, nargs="*", default=[1, 4, 16])
     p.add_argument("--context", type=int, default=4096)
