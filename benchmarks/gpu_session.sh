@@ -6,7 +6,7 @@
 # one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
-#   bench         [detached, GPU 1] pytest -m gpu, wide bench (graphs), routing-op kernels, profiles
+#   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs), routing-op kernels, profiles
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   status        log tails; results packed into $OUT/results.tgz
@@ -30,7 +30,8 @@ bench|smollm|qwen) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
-  export CUDA_VISIBLE_DEVICES=1
+  # the last GPU (GPU 1 of a 2-GPU host, beside grids on GPU 0; GPU 0 of a single-GPU host)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers, lightning; print(torch.__version__, triton.__version__, transformers.__version__, lightning.__version__)"
   CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
