@@ -100,7 +100,6 @@ class TorchBackend(KernelBackend):
     def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None):
         return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
 
-
     def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps) if normalize else x
         m = F.linear(h.to(down.dtype), down, bias if up is None else None)
