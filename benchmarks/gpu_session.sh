@@ -57,7 +57,9 @@ _qwen)
   unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -3
   # FSDP2 (2 GPUs) vs 1 GPU, same global batch, once a SmolLM2 grid (if one runs) has left GPU 0 (a 1.5B fit of
   # 16 x 1024 tokens holds ~60 GB); the Qwen grid starts at once on QWEN_DEVICES
+  # (FSDP_STEPS=0 skips the check)
   ( for i in $(seq 120); do [ -f /tmp/logs/smollm.log ] || break; grep -q SMOLLM_DONE /tmp/logs/smollm.log && break; sleep 10; done
+    [ "${FSDP_STEPS:-100}" = 0 ] && exit 0
     python3 benchmarks/fsdp_check.py --steps ${FSDP_STEPS:-100} --out /tmp/fc --report /tmp/res/fsdp > /tmp/logs/fsdp.log 2>&1 ) &
   fsdp=$!
   # the grid file as is (300 steps x 16 x 1024 tokens per stage, 12 cells) unless QWEN_STEPS / QWEN_LIMIT say
