@@ -28,6 +28,11 @@ def test_router_policy_contract(router, policy):
         # the eval decision's margin (folded where a router overrides it) is the logit difference
         if router != "random":  # fresh draws per call
             torch.testing.assert_close(r.execute_margin(hidden), logits[..., 0] - logits[..., 1], atol=1e-5, rtol=1e-5)
+            # the eval fast path (`wide.kernels.router_margin` for linear / low-rank) on the reference backend
+            with torch.no_grad():
+                margin = r.execute_margin(hidden).float()
+                torch.testing.assert_close(r.execute_decision(hidden, margin=True), margin)
+                assert torch.equal(r.execute_decision(hidden), margin >= 0)
     model.train()
     ids = torch.randint(3, 96, (2, 5))
     out = model(ids, labels=ids)
@@ -112,3 +117,5 @@ def test_random_router_margin_decides_like_forward():
     assert 0.5 < (margin >= 0).float().mean() < 0.9
     c = RandomRouter(spec, sparsity=0.3, seed=11)
     assert torch.equal(c.execute_decision(hidden), margin >= 0)
+    d = RandomRouter(spec, sparsity=0.3, seed=11)
+    torch.testing.assert_close(d.execute_decision(hidden, margin=True), margin)

@@ -44,8 +44,9 @@ class WideLayer(nn.Module):
         coherent = self.runtime.coherent
         backend = self.backend if self.use_kernels() else "torch"
         if coherent is not None and not self.training and residual.shape[1] == 1:
-            return coherent.select(self._coherent.setdefault(kind, {}), router.execute_margin(residual),
-                                  router.expected_sparsity(), backend=backend)
+            margin = router.execute_decision(residual, backend=backend, margin=True)
+            return coherent.select(self._coherent.setdefault(kind, {}), margin, router.expected_sparsity(),
+                                   backend=backend)
         builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
         if builtin and not self.training:
             # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that

@@ -67,14 +67,16 @@ class Router(nn.Module):
         logits = self(hidden)
         return logits[..., 0] - logits[..., 1]
 
-    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-        """``[B, T, G]`` bool eval decision (execute where the margin is ``>= 0``).
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
+        """``[B, T, G]`` bool eval decision (execute where the margin is ``>= 0``), or with ``margin`` the
+        margin itself as float32 (batch-coherent decode averages it over the batch).
 
         ``backend`` is the kernel backend of routed inference (``"torch"`` when kernels are off). The
-        default compares :meth:`execute_margin`; the linear and low-rank routers run it as one
+        default uses :meth:`execute_margin`; the linear and low-rank routers run either as one
         `wide.kernels.router_margin` launch on the triton backend.
         """
-        return self.execute_margin(hidden) >= 0
+        m = self.execute_margin(hidden)
+        return m.float() if margin else m >= 0
 
     def expected_sparsity(self) -> float:
         """The skip rate this router is expected to realize (its target unless it knows better).

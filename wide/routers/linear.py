@@ -26,11 +26,11 @@ class LinearRouter(Router):
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._fold(self.proj, self._input(hidden))
 
-    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
         from wide.kernels import router_margin
 
         w, b = self._fold.weights(self.proj)
-        return router_margin(hidden, w, None, b, normalize=self.normalize, backend=backend)
+        return router_margin(hidden, w, None, b, normalize=self.normalize, decide=not margin, backend=backend)
 
     def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden

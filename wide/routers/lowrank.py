@@ -42,11 +42,11 @@ class LowRankRouter(Router):
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._fold(self.up, self.down(self._input(hidden)))
 
-    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
         from wide.kernels import router_margin
 
         return router_margin(hidden, self.down.weight, *self._fold.weights(self.up), normalize=self.normalize,
-                             backend=backend)
+                             decide=not margin, backend=backend)
 
     def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden

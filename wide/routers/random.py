@@ -48,5 +48,6 @@ class RandomRouter(Router):
         # routed layer, not the synthetic mask source
         return self._uniform(hidden) - self.rate
 
-    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-        return self._uniform(hidden) >= self.rate
+    def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
+        u = self._uniform(hidden)
+        return u - self.rate if margin else u >= self.rate
