@@ -81,3 +81,24 @@ def test_sliced_dense_decode_attention_equals_the_masked_default():
     _slice_len[0] = None
     model.config._attn_implementation = "sdpa"
     torch.testing.assert_close(outs[SLICED], outs["sdpa"], atol=1e-5, rtol=1e-4)
+
+
+def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
+    """``--checkpoint``: masks from the saved routers (lowrank, here freshly initialised) instead of synthetic
+    ones; one sparsity row, the checkpoint's own target."""
+    from transformers import AutoModelForCausalLM
+
+    import wide
+    from wide.checkpoint import save_trained
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cfg = wide.WideConfig(sparsity=0.4, attn_group_size=2, ffn_group_size=32)
+    wide.apply_wide(model, cfg)
+    ckpt = tmp_path / "routers.safetensors"
+    save_trained(model, ckpt, config=cfg, stage="calibrate")
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--checkpoint", str(ckpt), "--prefill", "16", "--decode-batch", "1",
+                "--context", "8", "--iters", "1", "--dtype", "fp32", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["sparsity"] for r in rows} == {0.4} and len(rows) == 2
+    assert 0.0 <= rows[0]["realized"] <= 1.0 and all(r["routed_ms"] > 0 for r in rows)
