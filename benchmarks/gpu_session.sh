@@ -9,6 +9,7 @@
 #   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs), routing-op kernels, profiles
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
+#   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
 #   status        log tails; results packed into $OUT/results.tgz
 set -u
 OUT=${OUT:-/tmp/out}
@@ -26,7 +27,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|smollm|qwen) detach "$1" ;;
+bench|smollm|qwen|realbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -72,6 +73,23 @@ _qwen)
   mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
   wait $fsdp
   echo QWEN_DONE
+  ;;
+_realbench)
+  # real masks: the WIDE calibration fit of the Qwen grid (run the grid's method=wide cells first)
+  export CUDA_VISIBLE_DEVICES=${REALBENCH_GPU:-0}
+  ck=$(python3 -c '
+import glob
+from wide.checkpoint import read_metadata
+for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors")):
+    meta = read_metadata(p)
+    c = meta["wide_config"]
+    if meta.get("stage") == "calibrate" and c.granularity == "width" and c.router == "lowrank":
+        print(p)
+        break')
+  [ -n "$ck" ] || { echo "no WIDE calibration fit under runs/quality/qwen2.5-1.5b/fits"; exit 1; }
+  $W bench --model qwen2.5-1.5b --checkpoint $ck --coherent --json /tmp/res/bench_qwen_trained.json 2>&1 \
+    | tee /tmp/res/bench_qwen_trained.md
+  echo REALBENCH_DONE
   ;;
 status)
   for f in /tmp/logs/*.log; do echo "=== $f"; tail -n ${TAIL:-6} $f; done
