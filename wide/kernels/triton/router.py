@@ -70,9 +70,15 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
 
 
 @triton.jit
-def _lerp(start, end, w):
-    # torch.lerp's two formulas (exact at both ends), so the EMA matches the reference to the bit
-    return tl.where(w < 0.5, start + w * (end - start), end - (end - start) * (1.0 - w))
+def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight):
+    # groups ``idx``: lerp(ema, mean_b sigmoid(margin[b]), weight) with torch.lerp's two formulas (exact at
+    # both ends), so the EMA matches the reference to the bit
+    p = tl.zeros(idx.shape, dtype=tl.float32)
+    for b in range(0, B):
+        p += tl.sigmoid(tl.load(m_ptr + b * smb + idx, mask=inb, other=0.0).to(tl.float32))
+    p = p / B
+    old = tl.load(ema_ptr + idx, mask=inb, other=0.0)
+    return tl.where(weight < 0.5, old + weight * (p - old), p - (p - old) * (1.0 - weight))
 
 
 @triton.jit
@@ -81,22 +87,14 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
     # one program: G is the number of groups of one layer and kind (tens to hundreds)
     g = tl.arange(0, BLOCK_G)
     gin = g < G
-    p = tl.zeros([BLOCK_G], dtype=tl.float32)
-    for b in range(0, B):
-        p += tl.sigmoid(tl.load(m_ptr + b * smb + g, mask=gin, other=0.0).to(tl.float32))
-    old = tl.load(ema_ptr + g, mask=gin, other=0.0)
-    e = _lerp(old, p / B, weight)
+    e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight)
     # rank of each group by the new EMA, ties to the lower index: the j-blocks recompute their EMA from
     # the inputs, so nothing is read back after a store
     rank = tl.zeros([BLOCK_G], dtype=tl.int32)
     for j0 in range(0, G, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         jin = j < G
-        pj = tl.zeros([BLOCK_J], dtype=tl.float32)
-        for b in range(0, B):
-            pj += tl.sigmoid(tl.load(m_ptr + b * smb + j, mask=jin, other=0.0).to(tl.float32))
-        oj = tl.load(ema_ptr + j, mask=jin, other=0.0)
-        ej = _lerp(oj, pj / B, weight)
+        ej = _updated_ema(m_ptr, ema_ptr, j, jin, B, smb, weight)
         ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
         rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
     step = tl.load(step_ptr)
