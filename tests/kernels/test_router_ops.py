@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from wide import kernels
-from wide.routers.base import RouterSpec
+from wide.routers.base import RouterSpec, rms_normalize
 from wide.routers.lowrank import LowRankRouter
 
 INTERPRET = pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="interpreter check")
@@ -25,10 +25,14 @@ def test_reference_is_the_low_rank_routers_eval_path(dtype, normalize):
     router = LowRankRouter(_spec(), normalize=normalize, execute_bias=0.3).to(dtype)
     x = torch.randn(2, 5, 64) * 3
     w, b = router._fold.weights(router.up)
+    h = rms_normalize(x) if normalize else x
+    expected = torch.nn.functional.linear(router.down(h.to(dtype)), w, b).float()  # the router's own layers
     margin = kernels.router_margin(x, router.down.weight, w, b, normalize=normalize, decide=False, backend="torch")
-    assert torch.equal(margin, router.execute_margin(x).float())
+    assert torch.equal(margin, expected) and torch.equal(router.execute_margin(x), expected)
     decision = kernels.router_margin(x, router.down.weight, w, b, normalize=normalize, backend="torch")
-    assert decision.dtype == torch.bool and torch.equal(decision, router.execute_margin(x) >= 0)
+    assert decision.dtype == torch.bool and torch.equal(decision, expected >= 0)
+    torch.testing.assert_close(expected, router(x)[..., 0].float() - router(x)[..., 1].float(),
+                               rtol=0.05 if dtype == torch.bfloat16 else 1e-5, atol=0.05 if dtype == torch.bfloat16 else 1e-5)
 
 
 @INTERPRET

@@ -6,10 +6,13 @@ nothing calls ``.item()``; loggers read them once per log step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+from wide.kernels import coherent_select
 
 KINDS = ("attn", "ffn")
 
@@ -81,10 +84,6 @@ class CoherentDecode:
         (`wide.kernels.coherent_select`: one launch on triton, a few torch ops on the reference; no host
         sync either way).
         """
-        import math
-
-        from wide.kernels import coherent_select
-
         b, _, g = margin.shape
         margin = margin.reshape(b, g)
         keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))

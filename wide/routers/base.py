@@ -125,9 +125,6 @@ class FoldedMargin:
             self._key = key
         return self._w, self._b
 
-    def __call__(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x, *self.weights(layer))
-
 
 def split_logits(out: torch.Tensor, num_groups: int) -> torch.Tensor:
     """``[..., 2G] -> [..., G, 2]``."""

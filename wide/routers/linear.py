@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from wide.kernels import router_margin
 from wide.routers.base import FoldedMargin, Router, RouterSpec, rms_normalize, split_logits
 from wide.routers.registry import register_router
 
@@ -24,11 +25,9 @@ class LinearRouter(Router):
         return split_logits(self.proj(self._input(hidden)), self.num_groups)
 
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._fold(self.proj, self._input(hidden))
+        return self.execute_decision(hidden, margin=True)
 
     def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
-        from wide.kernels import router_margin
-
         w, b = self._fold.weights(self.proj)
         return router_margin(hidden, w, None, b, normalize=self.normalize, decide=not margin, backend=backend)
 

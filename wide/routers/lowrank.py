@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from wide.kernels import router_margin
 from wide.routers.base import FoldedMargin, Router, RouterSpec, rms_normalize, split_logits
 from wide.routers.registry import register_router
 
@@ -40,11 +41,9 @@ class LowRankRouter(Router):
         return split_logits(self.up(self.down(self._input(hidden))), self.num_groups)
 
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._fold(self.up, self.down(self._input(hidden)))
+        return self.execute_decision(hidden, margin=True)
 
     def execute_decision(self, hidden: torch.Tensor, backend: str = "torch", margin: bool = False) -> torch.Tensor:
-        from wide.kernels import router_margin
-
         return router_margin(hidden, self.down.weight, *self._fold.weights(self.up), normalize=self.normalize,
                              decide=not margin, backend=backend)
 
