@@ -98,8 +98,8 @@ class PrefillRunner:
                         self._forward()
                 torch.cuda.current_stream().wait_stream(stream)
                 graph_ = torch.cuda.CUDAGraph()
-                with torch.inference_mode(), torch.cuda.graph(graph_):
-                    self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
+                with torch.cuda.graph(graph_):
+                    self._forward()
                 self.graph, self.mode = graph_, "graph"
             except Exception as err:  # noqa: BLE001 - report and fall back
                 self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
