@@ -68,6 +68,9 @@ def test_gemm_k(M, group):
     (512, 512, 8, 8, 1, 64),
     (600, 600, 32, 4, 16, 128),
     (300, 300, 16, 2, 8, 64),
+    (700, 700, 12, 2, 6, 128),  # Qwen2.5-1.5B: 6 heads per unit, padded to 8 rows per token
+    (333, 400, 14, 2, 7, 64),  # Qwen2.5-0.5B
+    (257, 257, 9, 3, 3, 64),  # SmolLM2-135M
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
@@ -85,7 +88,7 @@ def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
 
 
 @pytest.mark.parametrize("B,S,HQ,HK,D", [(16, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (3, 999, 8, 8, 64),
-                                         (4, 2048, 32, 4, 128)], ids=str)
+                                         (4, 2048, 32, 4, 128), (4, 2048, 12, 2, 128), (3, 999, 9, 3, 64)], ids=str)
 @pytest.mark.parametrize("density", [0.5, 1.0])
 def test_attention_decode(B, S, HQ, HK, D, density):
     dtype = torch.bfloat16

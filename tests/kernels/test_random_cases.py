@@ -137,9 +137,10 @@ def test_gemm_k(seed):
 
 
 def _heads(rng: random.Random):
-    """(Hq, Hk, group size): GQA ratios 1-8, groups from one head to several kv heads' worth."""
+    """(Hq, Hk, group size): GQA ratios 1-8 (3, 6, 7: SmolLM2, Qwen2.5-1.5B / 0.5B), groups from one head to
+    several kv heads' worth."""
     HK = rng.choice([1, 2])
-    qpk = rng.choice([1, 2, 4, 8])
+    qpk = rng.choice([1, 2, 3, 4, 6, 7, 8])
     HQ = HK * qpk
     sizes = [d for d in range(1, HQ + 1) if HQ % d == 0 and (qpk % d == 0 or d % qpk == 0)]
     return HQ, HK, rng.choice(sizes)
@@ -176,8 +177,8 @@ def test_attention_prefill(seed):
         lengths = torch.tensor([rng.randint(1, S) for _ in range(B)], dtype=torch.int32)
     config = None
     if rng.random() < 0.5:
-        hu = min(gsize, HQ // HK)
-        config = AttentionConfig(block_m=max(16, hu) * rng.choice([1, 2]), block_n=rng.choice([16, 32]))
+        hu_p = 1 << (min(gsize, HQ // HK) - 1).bit_length()  # heads per unit, padded to a power of two
+        config = AttentionConfig(block_m=max(16, hu_p) * rng.choice([1, 2]), block_n=rng.choice([16, 32]))
     ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, causal=causal,
                                                  lengths=lengths)
     zeros = ~expand_groups(mask, gsize)

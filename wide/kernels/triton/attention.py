@@ -2,7 +2,8 @@
 
 Prefill: one program per (batch row, *unit*, query tile). A unit is the set of query heads that share
 one KV head and one routing group (``min(group size, q heads per kv head)`` heads), so a tile packs
-``BLOCK_M // HU`` tokens x ``HU`` heads against one K/V stream (GQA packing). Tokens come from the
+``BLOCK_M // HU_P`` tokens x ``HU`` heads against one K/V stream (GQA packing; ``HU_P`` is ``HU`` rounded up
+to a power of two, the extra rows are masked). Tokens come from the
 plan's per-(row, group) permutation: a tile holds active tokens only, its causal bound is the last
 token's position, keys visible to every row of the tile run without masks, and tiles past the group's
 count write zeros for the inactive tokens they cover.
@@ -41,10 +42,11 @@ def _prefill_kernel(
     T, S, qk_scale, N_UNITS,
     sqb, sqt, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sot, soh, sod,
     spb, spg, scb, scg,
-    HU: tl.constexpr, QPK: tl.constexpr, GSIZE: tl.constexpr, CAUSAL: tl.constexpr,
+    HU: tl.constexpr, HU_P: tl.constexpr, QPK: tl.constexpr, GSIZE: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
 ):
-    TILE_T: tl.constexpr = BLOCK_M // HU
+    # a token's HU heads sit in HU_P (a power of two) consecutive rows; rows past HU are dead padding
+    TILE_T: tl.constexpr = BLOCK_M // HU_P
     pid_bu = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # late (long causal) tiles start first
     b = pid_bu // N_UNITS
@@ -55,12 +57,13 @@ def _prefill_kernel(
     cnt = tl.load(cnt_ptr + b * scb + grp * scg)
 
     r = tl.arange(0, BLOCK_M)
-    idx = tile * TILE_T + r // HU
-    heads = head0 + r % HU
-    valid = idx < T
-    act = idx < cnt
+    idx = tile * TILE_T + r // HU_P
+    slot = r % HU_P
+    heads = head0 + slot
+    valid = (idx < T) & (slot < HU)
+    act = (idx < cnt) & (slot < HU)
     perm_row = perm_ptr + b * spb + grp * spg
-    tok = tl.load(perm_row + idx, mask=valid, other=0)
+    tok = tl.load(perm_row + idx, mask=idx < T, other=0)
     d = tl.arange(0, HEAD_D)
     q_rows = q_ptr + b.to(tl.int64) * sqb + tok.to(tl.int64) * sqt + heads * sqh
     o_rows = o_ptr + b.to(tl.int64) * sob + tok.to(tl.int64) * sot + heads * soh
@@ -249,18 +252,19 @@ def attention_prefill(q, k, v, out, perm, counts, lengths, gsize: int, causal: b
     S, HK = k.shape[1], k.shape[2]
     qpk = HQ // HK
     hu = min(gsize, qpk)
+    hu_p = triton.next_power_of_2(hu)  # 3, 6 or 7 heads per unit pad to 4, 8, 8 rows per token
     cfg = config
-    if cfg.block_m % hu:
-        raise ValueError(f"block_m={cfg.block_m} must be a multiple of the heads per unit {hu}")
+    if cfg.block_m % hu_p:
+        raise ValueError(f"block_m={cfg.block_m} must be a multiple of the padded heads per unit {hu_p}")
     n_units = HQ // hu
-    tile_t = cfg.block_m // hu
+    tile_t = cfg.block_m // hu_p
     grid = (B * n_units, triton.cdiv(T, tile_t))
     _prefill_kernel[grid](
         q, k, v, out, perm, counts, lengths if lengths is not None else counts,
         T, S, scale * LOG2E, n_units,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         perm.stride(0), perm.stride(1), counts.stride(0), counts.stride(1),
-        HU=hu, QPK=qpk, GSIZE=gsize, CAUSAL=causal, HAS_LEN=lengths is not None,
+        HU=hu, HU_P=hu_p, QPK=qpk, GSIZE=gsize, CAUSAL=causal, HAS_LEN=lengths is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_D=D,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
