@@ -36,7 +36,9 @@ def test_reference_is_the_low_rank_routers_eval_path(dtype, normalize):
 
 
 @INTERPRET
-@pytest.mark.parametrize("rows,d,rank,groups", [(1, 64, 8, 7), (3, 100, 4, 1), (17, 64, 32, 70), (2, 48, 5, 130)])
+@pytest.mark.parametrize("rows,d,rank,groups", [(1, 64, 8, 7), (3, 100, 4, 1), (17, 64, 32, 70), (2, 48, 5, 130),
+                                                 # wide rows: the first GEMV splits over 4 to 64 programs per row
+                                                 (1, 1000, 8, 7), (17, 3000, 32, 70), (64, 520, 5, 9)])
 @pytest.mark.parametrize("normalize,with_bias", [(True, True), (False, False)])
 @pytest.mark.parametrize("xdtype", [torch.float32, torch.bfloat16])
 def test_triton_router_margin_matches_reference(rows, d, rank, groups, normalize, with_bias, xdtype):
@@ -52,6 +54,25 @@ def test_triton_router_margin_matches_reference(rows, d, rank, groups, normalize
     clear = ref.abs() > 1e-4  # a margin this close to 0 may round either way
     assert decided.dtype == torch.bool and decided.shape == (rows, groups)
     assert torch.equal(decided[clear], (ref >= 0)[clear])
+
+
+@INTERPRET
+def test_triton_router_margin_split_programs_reset_their_counters():
+    """Each row's last program adds the partial sums and resets the row's arrival counter: calls in a row
+    (different row counts, margins and decisions) give the same answers as the first."""
+    from wide.kernels.triton import router as tr
+
+    torch.manual_seed(3)
+    down, up, bias = torch.randn(16, 2000) / 45, torch.randn(11, 16) / 4, torch.randn(11) * 0.1
+    xs = [torch.randn(rows, 2000) for rows in (1, 5, 64, 5)]
+    for _ in range(2):
+        for x in xs:
+            ref = kernels.router_margin(x, down, up, bias, decide=False, backend="torch")
+            got = kernels.router_margin(x, down, up, bias, decide=False, backend="triton")
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+            assert torch.equal(kernels.router_margin(x, down, up, bias, backend="triton")[ref.abs() > 1e-4],
+                               (ref >= 0)[ref.abs() > 1e-4])
+    assert not tr._counters(torch.device("cpu")).any()
 
 
 @INTERPRET

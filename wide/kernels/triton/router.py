@@ -2,8 +2,9 @@
 
 Decode steps are launch-bound: the eager router (RMS norm, two small GEMMs, a comparison) costs ~6
 launches per layer and kind, the batch-coherent selection (sigmoid, batch mean, EMA, top-k, scatter,
-schedule) ~8. Each kernel here does the same work in one launch; both are tiny (one program per row,
-or one program in all), so they only pay where launches dominate: decode and short prefills.
+schedule) ~8. Each kernel here does the same work in one launch, so they pay where launches dominate:
+decode and short prefills. The margin kernel spreads each row's first GEMV over up to 64 programs (one
+program per row read the whole router on one SM: 19 us against 12 us for the six torch launches, H200).
 """
 
 from __future__ import annotations
@@ -14,38 +15,71 @@ import triton.language as tl
 
 
 @triton.jit
-def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, D, R, G, sxm, sdr, sug, som, eps,
-                          NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          DECIDE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_G: tl.constexpr):
+def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, D, R, G, CHUNK,
+                          sxm, sdr, sug, som, eps, NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, SPLIT: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+    # program (row, s): the first GEMV over columns [s * CHUNK, (s + 1) * CHUNK) of x and ``down``, so that
+    # SPLIT programs per row stream the router's weights at once; each writes its partial sums, and the
+    # row's last program to finish (an atomic counter) adds them in split order (deterministic), then
+    # does the norm, the second GEMV, the bias and the comparison. It resets the counter for the next call.
     row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
     rin = r < R
     h = tl.zeros([BLOCK_R], dtype=tl.float32)
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
+    lo = s * CHUNK
+    for d0 in range(lo, tl.minimum(lo + CHUNK, D), BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         din = d < D
         xv = tl.load(x_ptr + row * sxm + d, mask=din, other=0.0).to(tl.float32)
         ss += xv * xv
         w = tl.load(down_ptr + r[:, None] * sdr + d[None, :], mask=rin[:, None] & din[None, :], other=0.0)
         h += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
-    if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
-        h = h * tl.rsqrt(tl.sum(ss, axis=0) / D + eps)
-    for g0 in range(0, G, BLOCK_G):
-        g = g0 + tl.arange(0, BLOCK_G)
-        gin = g < G
-        if HAS_UP:
-            u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
-            m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
-        else:  # the first stage already has G outputs (R == G)
-            m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
-        if HAS_BIAS:
-            m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
-        if DECIDE:
-            tl.store(out_ptr + row * som + g, (m >= 0).to(tl.uint8), mask=gin)
-        else:
-            tl.store(out_ptr + row * som + g, m, mask=gin)
+    sq = tl.sum(ss, axis=0)
+    if SPLIT > 1:
+        base = part_ptr + (row * SPLIT + s) * (BLOCK_R + 1)
+        tl.store(base + r, h)
+        tl.store(base + BLOCK_R, sq)
+        done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")  # releases the partials, acquires the others'
+        last = done == SPLIT - 1
+    else:
+        last = True
+    if last:
+        if SPLIT > 1:
+            sp = tl.arange(0, SPLIT)
+            rows = part_ptr + (row * SPLIT + sp[:, None]) * (BLOCK_R + 1)
+            h = tl.sum(tl.load(rows + r[None, :], cache_modifier=".cg"), axis=0)
+            sq = tl.sum(tl.load(part_ptr + (row * SPLIT + sp) * (BLOCK_R + 1) + BLOCK_R, cache_modifier=".cg"), axis=0)
+            tl.store(cnt_ptr + row, 0)
+        if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
+            h = h * tl.rsqrt(sq / D + eps)
+        for g0 in range(0, G, BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            gin = g < G
+            if HAS_UP:
+                u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+                m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
+            else:  # the first stage already has G outputs (R == G)
+                m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
+            if HAS_BIAS:
+                m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
+            if DECIDE:
+                tl.store(out_ptr + row * som + g, (m >= 0).to(tl.uint8), mask=gin)
+            else:
+                tl.store(out_ptr + row * som + g, m, mask=gin)
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """Per-row arrival counters, zero between calls (each call's last programs reset theirs)."""
+    cnt = _COUNTERS.get(device)
+    if cnt is None:
+        cnt = _COUNTERS[device] = torch.zeros(64, device=device, dtype=torch.int32)
+    return cnt
 
 
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
@@ -57,15 +91,24 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
     out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
     if M == 0 or G == 0:
         return out
+    if M > 64:
+        raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
     dst = out.view(torch.uint8) if decide else out
     block_r = max(16, triton.next_power_of_2(R))
-    block_d = max(16, min(triton.next_power_of_2(D), 8192 // block_r))
+    block_d = max(16, min(triton.next_power_of_2(D), 4096 // block_r))
     block_g = max(16, min(triton.next_power_of_2(G), 4096 // block_r))
-    _router_margin_kernel[(M,)](
-        x, down, up if up is not None else down, bias if bias is not None else down, dst, D, R, G,
+    # about 128 programs in all, each at least one BLOCK_D wide (a power of two: the finishing program
+    # loads all partials as one block)
+    split = min(triton.next_power_of_2(triton.cdiv(D, block_d)), max(1, triton.next_power_of_2(triton.cdiv(128, M))), 64)
+    chunk = triton.cdiv(triton.cdiv(D, split), block_d) * block_d
+    split = triton.next_power_of_2(triton.cdiv(D, chunk)) if split > 1 else 1
+    parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else out
+    _router_margin_kernel[(M, split)](
+        x, down, up if up is not None else down, bias if bias is not None else down, dst, parts,
+        _counters(x.device), D, R, G, chunk,
         x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
         NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
-        BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
+        SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
     return out
 
 
