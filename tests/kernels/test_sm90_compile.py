@@ -100,15 +100,17 @@ class Recorder:
 
 # ---- routing kernels: fixed signatures -------------------------------------------------------------
 for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
-    for has_up, decide in ((True, True), (True, False), (False, True)):
+    for has_up, decide, split in ((True, True, 32), (True, False, 1), (False, True, 64)):
         sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
-               "out_ptr": "*u8" if decide else "*fp32", "D": "i32", "R": "i32", "G": "i32", "sxm": "i32",
-               "sdr": "i32", "sug": "i32", "som": "i32", "eps": "fp32", "NORMALIZE": "constexpr",
-               "HAS_UP": "constexpr", "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "BLOCK_D": "constexpr",
-               "BLOCK_R": "constexpr", "BLOCK_G": "constexpr"}
-        consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "BLOCK_D": 256,
-                  "BLOCK_R": 32, "BLOCK_G": 128}
-        job("router._router_margin_kernel", f"x {xdtype} w {wdtype} up={has_up} decide={decide}", sig, consts)
+               "out_ptr": "*u8" if decide else "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "D": "i32",
+               "R": "i32", "G": "i32", "CHUNK": "i32", "sxm": "i32", "sdr": "i32", "sug": "i32", "som": "i32",
+               "eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr", "HAS_BIAS": "constexpr",
+               "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_D": "constexpr", "BLOCK_R": "constexpr",
+               "BLOCK_G": "constexpr"}
+        consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "SPLIT": split,
+                  "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128}
+        job("router._router_margin_kernel", f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split}",
+            sig, consts)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
            "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32",
@@ -208,6 +210,9 @@ case("attention", "prefill T=16", prefill, 1, 16, HQ, HK, D, 4)
 case("attention", "prefill T=16384 lengths", prefill, 1, 16384, HQ, HK, D, 4, lengths=True)
 case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", prefill, 2, 2048, HQ, HK, 64, 1,
      causal=False, lengths=True)
+# Qwen2.5-1.5B attention: 12 query heads over 2 KV heads, 6 heads per unit padded to 8 rows per token
+case("attention", "prefill T=4096 Qwen2.5-1.5B heads", prefill, 1, 4096, 12, 2, D, 6)
+case("attention", "decode B=16 S=4096 Qwen2.5-1.5B heads", decode, 16, 4096, 12, 2, D, 6)
 case("attention", "decode B=1 S=32768", decode, 1, 32768, HQ, HK, D, 4)
 case("attention", "decode B=16 S=32768 lengths", decode, 16, 32768, HQ, HK, D, 4, lengths=True)
 
@@ -220,6 +225,7 @@ print("RESULT " + json.dumps({"rows": rows, "errors": errors, "kernels": sorted(
 # code paths (constexpr branches) each kernel must be compiled with: name -> predicate over its constexprs
 PATHS = {
     "router._router_margin_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
+                                     "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
     "router._coherent_kernel": {"any": lambda c: True},
     "gemm._gemm_mn_direct_kernel": {
@@ -245,7 +251,8 @@ PATHS = {
                                       for a in range(4)}},
     "attention._prefill_kernel": {"causal": lambda c: c["CAUSAL"], "non-causal": lambda c: not c["CAUSAL"],
                                   "lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"],
-                                  "GQA packing": lambda c: c["HU"] > 1},
+                                  "GQA packing": lambda c: c["HU"] > 1,
+                                  "padded heads": lambda c: c["HU_P"] > c["HU"]},
     "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
