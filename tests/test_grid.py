@@ -278,3 +278,19 @@ def test_parallel_workers_keep_shared_fits_in_order_and_give_each_a_device(tmp_p
     with pytest.raises(ValueError, match="^jobs: running cells at once needs the subprocess launcher"):
         run_grid(str(path), launcher="inprocess", jobs=2)
     assert grid_main([str(path), "--devices", "x"]) == 2
+
+
+def test_one_worker_on_a_named_device_runs_its_commands_there(tmp_path, tiny_model_dir, tiny_corpus, monkeypatch):
+    """--jobs 1 --devices 1 must not ignore the device (it used to run on the default GPU)."""
+    from wide.grid.runner import GridRunner
+
+    axes = [{"name": "method", "values": {"dense": {"routing": False}, "wide": {}}}]
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes)
+    seen = []
+
+    def fake_parallel(self, todo, run_one, stop):
+        seen.append((self.jobs, list(self.devices), len(todo)))
+
+    monkeypatch.setattr(GridRunner, "_run_parallel", fake_parallel)
+    grid_main([str(path), "--devices", "1"])
+    assert seen == [(1, ["1"], 2)]

@@ -351,7 +351,7 @@ class GridRunner:
                 self.log(f"progress: {len(skipped) + finished}/{total} cells ({len(done)} run, {len(skipped)} skipped, "
                          f"{len(failed)} failed), elapsed {_duration(elapsed)}{eta}")
 
-        if self.jobs == 1:
+        if self.jobs == 1 and not self.devices:  # with devices, the one worker's commands get devices[0]
             for cell in todo:
                 if stop.is_set():
                     break
