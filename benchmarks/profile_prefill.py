@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def family(name: str) -> str:
     n = name.lower()
     for key, label in (("gemm_mn", "routed gemm_mn/swiglu"), ("swiglu", "routed gemm_mn/swiglu"),
-                       ("gemm_k", "routed gemm_k"), ("splitk_reduce", "routed gemm_k"),
+                       ("gemm_k", "routed gemm_k"),
                        ("mask_columns", "routed gemm_k"), ("_prefill_kernel", "routed attention"),
                        ("_decode_split", "routed attention"), ("_decode_reduce", "routed attention"),
                        ("partition", "routing plan"), ("_router_margin", "routing decision"),

@@ -60,7 +60,7 @@ def test_triton_router_margin_matches_reference(rows, d, rank, groups, normalize
 def test_triton_router_margin_split_programs_reset_their_counters():
     """Each row's last program adds the partial sums and resets the row's arrival counter: calls in a row
     (different row counts, margins and decisions) give the same answers as the first."""
-    from wide.kernels.triton import router as tr
+    from wide.kernels.triton.gemm import arrival_counters
 
     torch.manual_seed(3)
     down, up, bias = torch.randn(16, 2000) / 45, torch.randn(11, 16) / 4, torch.randn(11) * 0.1
@@ -72,7 +72,7 @@ def test_triton_router_margin_split_programs_reset_their_counters():
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
             assert torch.equal(kernels.router_margin(x, down, up, bias, backend="triton")[ref.abs() > 1e-4],
                                (ref >= 0)[ref.abs() > 1e-4])
-    assert not tr._counters(torch.device("cpu")).any()
+    assert not arrival_counters(torch.device("cpu"), 64).any()
 
 
 @INTERPRET

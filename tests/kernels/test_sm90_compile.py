@@ -243,8 +243,7 @@ PATHS = {
         "GEMV affine": lambda c: c["BLOCK_M"] == 1 and not c["USE_LIST"],
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
-        "split-K": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
-    "gemm._splitk_reduce_kernel": {"bias": lambda c: c["HAS_BIAS"], "no bias": lambda c: not c["HAS_BIAS"]},
+        "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
     "gemm._mask_columns_kernel": {"any": lambda c: True},
     "gemm._mask_epilogue_kernel": {"swiglu": lambda c: c["SWIGLU"],
                                    **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a)

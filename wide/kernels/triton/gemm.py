@@ -14,8 +14,9 @@ Kernels
 - ``_gemm_k_kernel``: grid over (N tile, token tile, K split). Its K loop is either affine over all
   chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
   plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
-  tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace and
-  ``_splitk_reduce_kernel`` sums them in a fixed order (deterministic: no atomics).
+  tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace; the tile's last
+  program to arrive (an atomic counter per tile) sums them in split order and writes the output, so the
+  sum is deterministic and needs no second launch.
 - Dense paths (the host picks them where skipping cannot pay; see the notes in benchmarks/): large-M
   gemm_k = ``_mask_columns_kernel`` + cuBLAS (with independent random masks every tile needs every
   group); large-M gemm_mn/SwiGLU at high mask density = cuBLAS + ``_mask_epilogue_kernel``.
@@ -218,7 +219,7 @@ def _gemm_mn_direct_kernel(
 
 @triton.jit
 def _gemm_k_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, mask_ptr, glist_ptr, nlist_ptr,
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
@@ -304,8 +305,21 @@ def _gemm_k_kernel(
         out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None] & nvalid[None, :])
     else:
-        ws_ptrs = ws_ptr + pid_s * M * N + rm64[:, None] * N + rn[None, :]
-        tl.store(ws_ptrs, acc, mask=mvalid[:, None] & nvalid[None, :])
+        ok = mvalid[:, None] & nvalid[None, :]
+        ws_tile = ws_ptr + rm64[:, None] * N + rn[None, :]
+        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
+        # the tile's last program to arrive finishes it: the atomic releases this program's partial and
+        # acquires the others'; it resets the counter for the next launch (CUDA-graph replays included)
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        if done == SPLIT - 1:
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):  # fixed order: deterministic
+                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+            out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
+            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=ok)
+            tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
@@ -342,21 +356,6 @@ def _mask_epilogue_kernel(y_ptr, u_ptr, out_ptr, mask_ptr, M, N, stride_mm, stri
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=inb)
 
 
-@triton.jit
-def _splitk_reduce_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, stride_on,
-                          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < M * N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT):  # fixed order: deterministic
-        acc += tl.load(ws_ptr + s * M * N + offs, mask=valid, other=0.0)
-    m = offs // N
-    n = offs % N
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=valid, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * stride_om + n * stride_on, acc.to(out_ptr.dtype.element_ty), mask=valid)
-
-
 # --------------------------------------------------------------------------------------------------
 # configs (Hopper defaults; tiny blocks under the interpreter)
 # --------------------------------------------------------------------------------------------------
@@ -367,6 +366,19 @@ DIRECT_MAX_M = 64
 # epilogue beats the permuted Triton kernel (which runs at ~2/3 of cuBLAS's rate on the H200)
 DENSE_DENSITY = 0.75
 DENSE_MIN_M = 1024
+
+
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` int32 counters on ``device``, zero between launches: kernels whose programs meet at
+    a counter (the last to arrive finishes the work) reset their own. One set per device, so such kernels
+    must not run concurrently on two streams of one device."""
+    cnt = _COUNTERS.get(device)
+    if cnt is None or cnt.numel() < n:
+        cnt = _COUNTERS[device] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+    return cnt
 
 
 def dense_density(group: int) -> float:
@@ -524,9 +536,11 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
             workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
     else:
         workspace = out
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), split)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    grid = (tiles, split)
+    counters = arrival_counters(x.device, tiles) if split > 1 else nlist
     _gemm_k_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, workspace, mask, glist, nlist,
+        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist,
         M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1),
@@ -534,12 +548,6 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split > 1:
-        block = 1024
-        _splitk_reduce_kernel[(triton.cdiv(M * N, block),)](
-            workspace, bias if bias is not None else weight, out, M, N, out.stride(0), out.stride(1),
-            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
     return out
 
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemm import arrival_counters
+
 
 @triton.jit
 def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, D, R, G, CHUNK,
@@ -71,17 +73,6 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                 tl.store(out_ptr + row * som + g, m, mask=gin)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    """Per-row arrival counters, zero between calls (each call's last programs reset theirs)."""
-    cnt = _COUNTERS.get(device)
-    if cnt is None:
-        cnt = _COUNTERS[device] = torch.zeros(64, device=device, dtype=torch.int32)
-    return cnt
-
-
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
                   normalize: bool, eps: float, decide: bool) -> torch.Tensor:
     """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
@@ -105,7 +96,7 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
     parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else out
     _router_margin_kernel[(M, split)](
         x, down, up if up is not None else down, bias if bias is not None else down, dst, parts,
-        _counters(x.device), D, R, G, chunk,
+        arrival_counters(x.device, M), D, R, G, chunk,
         x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
         NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
         SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
