@@ -105,25 +105,25 @@ def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
 
 
 def test_prefill_capture_keeps_the_eager_causal_mask_decision():
-    """Under stream capture transformers would build the full causal mask (no flash); the bench's capture
-    context keeps the eager decision and restores transformers afterwards."""
+    """Under stream capture transformers would assume packed sequences and build the full causal mask (no
+    flash); the bench's capture context keeps the eager decision, reads nothing on the host, and restores
+    transformers afterwards."""
     import torch
     from transformers import LlamaConfig, masking_utils
 
     from wide.bench import _untraced_masks
 
-    real = masking_utils.is_tracing
     cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1)
-    emb = torch.zeros(1, 5, 16)
-    kwargs = dict(config=cfg, inputs_embeds=emb, attention_mask=None, past_key_values=None,
-                  position_ids=torch.arange(5)[None])
     cfg._attn_implementation = "sdpa"
+    kwargs = dict(config=cfg, inputs_embeds=torch.zeros(1, 5, 16), attention_mask=None, past_key_values=None,
+                  position_ids=torch.arange(5)[None])
+    real_tracing, real_packed = masking_utils.is_tracing, masking_utils.find_packed_sequence_indices
     masking_utils.is_tracing = lambda *a, **k: True  # what a capture looks like to transformers
     try:
         assert masking_utils.create_causal_mask(**kwargs) is not None  # the full mask: SDPA cannot use flash
         with _untraced_masks():
             assert masking_utils.create_causal_mask(**kwargs) is None  # SDPA runs is_causal (flash)
-        assert masking_utils.is_tracing is not real  # restored to what it was before the context
+        assert masking_utils.find_packed_sequence_indices is real_packed
     finally:
-        masking_utils.is_tracing = real
+        masking_utils.is_tracing = real_tracing
