@@ -124,6 +124,10 @@ def test_prefill_capture_keeps_the_eager_causal_mask_decision():
         assert masking_utils.create_causal_mask(**kwargs) is not None  # the full mask: SDPA cannot use flash
         with _untraced_masks():
             assert masking_utils.create_causal_mask(**kwargs) is None  # SDPA runs is_causal (flash)
+            # transformers 5.17 asks is_tracing(padding_mask) with no padding mask: nothing to read, so no;
+            # a real tensor still gets the real answer
+            assert masking_utils.is_tracing(None) is False and masking_utils.is_tracing(torch.ones(2)) is True
         assert masking_utils.find_packed_sequence_indices is real_packed
+        assert masking_utils.is_tracing(None) is True  # the simulated capture's answer is back
     finally:
         masking_utils.is_tracing = real_tracing

@@ -93,15 +93,19 @@ def _untraced_masks():
     except ImportError:  # pragma: no cover - transformers always has it from 4.53 on
         yield
         return
-    if not hasattr(masking_utils, "find_packed_sequence_indices"):
-        yield
-        return
-    real = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    real_packed = getattr(masking_utils, "find_packed_sequence_indices", None)
+    real_tracing = getattr(masking_utils, "is_tracing", None)
+    if real_packed is not None:
+        masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    if real_tracing is not None:  # transformers 5.17 asks is_tracing(None) (no padding mask): nothing to read
+        masking_utils.is_tracing = lambda t=None, *a, **k: False if t is None else real_tracing(t, *a, **k)
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = real
+        if real_packed is not None:
+            masking_utils.find_packed_sequence_indices = real_packed
+        if real_tracing is not None:
+            masking_utils.is_tracing = real_tracing
 
 
 class PrefillRunner:
