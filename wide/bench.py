@@ -355,7 +355,7 @@ def run(args) -> list[dict]:
         for t in args.prefill:
             for graph in prefill_modes:
                 ms, rmode = time_prefill(t, graph)
-                realized = wide.sparsity_stats(model).realized().item()
+                realized = _realized(model)
                 d, dmode = dense[("prefill", 1, t, graph)]
                 mode = dmode if dmode == rmode else f"dense {dmode} / routed {rmode}"
                 rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized,
@@ -365,8 +365,9 @@ def run(args) -> list[dict]:
             for b in args.decode_batch:
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
                 ms = timed(runner.step, warmup=3, iters=args.iters * 4)
+                realized = _realized(model)  # the last timed step's masks (a graph replay rewrites them)
                 d, dmode = dense[("decode", b, args.context)]
-                rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, realized=float("nan"),
+                rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, realized=realized,
                                  routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,
                                  mode=f"dense {dmode} / routed {runner.mode}", dense_variants=dense_variants[b]))
                 del runner
@@ -434,12 +435,24 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
     return rows
 
 
+def _realized(model) -> float:
+    """Realized sparsity of the model's last forward (NaN if it kept no statistics)."""
+    import wide
+
+    stats = wide.sparsity_stats(model)
+    if stats is None:
+        return float("nan")
+    return float(stats.realized())
+
+
 def format_table(rows: list[dict]) -> str:
-    head = "| phase | batch | tokens | sparsity | routing | dense ms | routed ms | dense/routed | mode |\n|---|---|---|---|---|---|---|---|---|"
+    head = ("| phase | batch | tokens | sparsity | realized | routing | dense ms | routed ms | dense/routed | mode |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['phase']} | {r['batch']} | {r['tokens']} | {r['sparsity']:.2f} | {r['routing']} | "
-                     f"{r['dense_ms']:.2f} | {r['routed_ms']:.2f} | {r['ratio']:.2f}x | {r['mode']} |")
+        realized = r.get("realized", float("nan"))
+        lines.append(f"| {r['phase']} | {r['batch']} | {r['tokens']} | {r['sparsity']:.2f} | {realized:.3f} | "
+                     f"{r['routing']} | {r['dense_ms']:.2f} | {r['routed_ms']:.2f} | {r['ratio']:.2f}x | {r['mode']} |")
     return "\n".join(lines)
 
 
