@@ -172,3 +172,14 @@ def test_coherent_select_rejects_bad_state():
         kernels.coherent_select(m, ema, sel, step, keep=1, memory=1.0)
     with pytest.raises(ValueError, match="margin"):
         kernels.coherent_select(m[:0], ema, sel, step, keep=1)
+
+
+def test_arrival_counters_grow_without_freeing_what_a_graph_may_hold():
+    from wide.kernels.triton import gemm
+
+    dev = torch.device("cpu")
+    first = gemm.arrival_counters(dev, 10)
+    assert first.numel() >= 4096 and not first.any()
+    assert gemm.arrival_counters(dev, 100) is first  # big enough: the same buffer
+    bigger = gemm.arrival_counters(dev, first.numel() + 1)
+    assert bigger.numel() > first.numel() and any(t is first for t in gemm._RETIRED)

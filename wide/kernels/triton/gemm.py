@@ -369,15 +369,26 @@ DENSE_MIN_M = 1024
 
 
 _COUNTERS: dict = {}
+_RETIRED: list = []  # outgrown counter buffers: a captured CUDA graph may still point at one, so never freed
 
 
 def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     """At least ``n`` int32 counters on ``device``, zero between launches: kernels whose programs meet at
     a counter (the last to arrive finishes the work) reset their own. One set per device, so such kernels
-    must not run concurrently on two streams of one device."""
+    must not run concurrently on two streams of one device.
+
+    The buffer is made (zeroed) eagerly: under CUDA-graph capture a new buffer's zeroing would only be
+    recorded, not run, so a capture that needs a new or larger buffer is refused — warm up first (an eager
+    call of the same op, as every capture needs anyway for Triton's compilation).
+    """
     cnt = _COUNTERS.get(device)
     if cnt is None or cnt.numel() < n:
-        cnt = _COUNTERS[device] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("wide.kernels: the arrival counters of gemm_k / router_margin are made on the first "
+                               "eager call; run the op once eagerly (a warm-up) before capturing a CUDA graph")
+        if cnt is not None:
+            _RETIRED.append(cnt)
+        cnt = _COUNTERS[device] = torch.zeros(max(n, 4096), device=device, dtype=torch.int32)
     return cnt
 
 
