@@ -125,7 +125,9 @@ class PrefillRunner:
             try:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
+                # warm-ups under the capture's own mask context: a compiled forward then needs no recompile
+                # (its guards see the same transformers functions) while capturing
+                with torch.cuda.stream(stream), _untraced_masks():
                     for _ in range(2):  # compiles the Triton kernels and fills the allocator before capture
                         self._forward()
                 torch.cuda.current_stream().wait_stream(stream)
@@ -300,6 +302,23 @@ def best_dense_decode(model, batch: int, context: int, graphs: bool, iters: int)
     return times[best], best, times
 
 
+def compile_forward(model, backend: str) -> None:
+    """``torch.compile`` the model's forward in place (both sides of the bench get the same treatment).
+
+    The routed ops and plans are eager graph breaks (see `wide.kernels.ops`); everything between them —
+    HF's RMS norms, RoPE, residual adds, the routers' small ops — is compiled. Every decoder layer and
+    shape compiles its own frames, more than dynamo's default of 8 recompiles per frame allows.
+    """
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
+                        ("accumulated_recompile_limit", 16384), ("accumulated_cache_size_limit", 16384)):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), value))
+    model.forward = torch.compile(model.forward, backend=backend)
+
+
 def run(args) -> list[dict]:
     import wide
     from wide.modeling.inference import enable_kernels
@@ -309,6 +328,8 @@ def run(args) -> list[dict]:
     model = build_model(args.model, args.layers, args.device, dtype)
     dev = next(model.parameters()).device
     rows: list[dict] = []
+    if args.compile:
+        compile_forward(model, args.compile)
 
     # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides
     prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else [])
@@ -346,6 +367,8 @@ def run(args) -> list[dict]:
         sparsities = args.sparsity
     model.eval()
     enable_kernels(model, args.backend)
+    if args.compile:
+        torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
     routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
     variants = [("per-token", None)] + ([("coherent", args.coherent_refresh)] if args.coherent else [])
     for s in sparsities:
@@ -504,6 +527,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
     p.add_argument("--coherent-refresh", type=int, default=1)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the forward on both sides (default backend: inductor); the routed ops "
+                        "stay eager graph breaks, the glue between them is compiled")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=5)
@@ -535,6 +561,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             seen.add(r["batch"])
             print(f"dense decode batch {r['batch']}: " + ", ".join(
                 f"{k} {v:.2f} ms" for k, v in r["dense_variants"].items()) + " (fastest is the baseline)")
+    if args.compile:
+        print(f"both sides' forwards under torch.compile(backend={args.compile!r}); routed ops run as eager graph breaks")
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:

@@ -13,6 +13,10 @@ Tensor conventions (all backends agree; mask True = execute):
 Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
 `router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and
 `coherent_select` (batch-coherent decode's shared top-k with its EMA memory and refresh schedule).
+
+Under ``torch.compile`` every op here (and `make_plan`) is a graph break that runs eagerly
+(``torch.compiler.disable``): the compiler fuses the model's own glue between them (norms, RoPE,
+residual adds) and never traces into the dispatch or the Triton launches.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def _divides(total: int, parts: int, what: str) -> None:
         raise ValueError(f"{what}: {parts} groups do not split {total} evenly")
 
 
+@torch.compiler.disable
 def gemm_mn(x, weight, mask, *, bias=None, activation=None, plan: RoutingPlan | None = None,
             backend: str = "auto", out=None):
     """Output-width routed linear: group ``g`` of output columns is computed only where ``mask`` says.
@@ -60,6 +65,7 @@ def gemm_mn(x, weight, mask, *, bias=None, activation=None, plan: RoutingPlan | 
         x, weight, mask, bias=bias, activation=activation, plan=plan, out=out)
 
 
+@torch.compiler.disable
 def swiglu(x, gate_weight, up_weight=None, mask=None, *, plan: RoutingPlan | None = None,
            backend: str = "auto", out=None):
     """Fused routed SwiGLU: ``silu(x gate^T) * (x up^T)`` under one output-width mask, one pass over x.
@@ -91,6 +97,7 @@ def swiglu(x, gate_weight, up_weight=None, mask=None, *, plan: RoutingPlan | Non
         x, gate_weight, up_weight, mask, plan=plan, out=out)
 
 
+@torch.compiler.disable
 def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backend: str = "auto",
            out=None, x_masked: bool = False):
     """Reduction-width routed linear: ``(x * mask expanded over K groups) @ weight^T (+ bias)``.
@@ -134,6 +141,7 @@ def _check_attention(q, k, v, mask, what: str) -> None:
         raise ValueError(f"{what}: a group of {g} heads splits the {qpk} query heads of a kv head unevenly")
 
 
+@torch.compiler.disable
 def attention_prefill(q, k, v, mask, *, causal: bool = True, scale: float | None = None, lengths=None,
                       plan: RoutingPlan | None = None, backend: str = "auto", out=None):
     """Routed prefill attention over (query token x head group).
@@ -156,6 +164,7 @@ def attention_prefill(q, k, v, mask, *, causal: bool = True, scale: float | None
         q, k, v, mask, causal=causal, scale=scale, lengths=lengths, plan=plan, out=out)
 
 
+@torch.compiler.disable
 def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None, backend: str = "auto",
                      out=None):
     """Routed decode attention: one query per row over a right-padded KV cache.
@@ -179,6 +188,7 @@ def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None,
         q, k, v, mask, lengths=lengths, scale=scale, out=out)
 
 
+@torch.compiler.disable
 def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: float = 1e-6,
                   decide: bool = True, backend: str = "auto"):
     """Execute-minus-skip margin of a linear router, or the decision ``margin >= 0``, for every token.
@@ -212,6 +222,7 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
         x, down, up, bias, normalize=normalize, eps=eps, decide=decide)
 
 
+@torch.compiler.disable
 def coherent_select(margin, ema, selection, step, *, keep: int, memory: float = 0.5, refresh_every: int = 1,
                     backend: str = "auto"):
     """One decode step of batch-coherent routing, updating its state in place (no host sync).

@@ -135,6 +135,7 @@ def _stable_partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return perm, counts
 
 
+@torch.compiler.disable  # built eagerly under torch.compile, like the ops that read it
 def make_plan(mask: torch.Tensor, density_hint: float | None = None) -> RoutingPlan:
     """Build a reusable routing plan for a bool mask ``[B, T, G]`` (or ``[M, G]``).
 

@@ -109,6 +109,7 @@ class FoldedMargin:
         self._w: torch.Tensor | None = None
         self._b: torch.Tensor | None = None
 
+    @torch.compiler.disable  # a host-side cache (data pointers, versions): eager under torch.compile
     def weights(self, layer: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The folded ``[G, in]`` weight and ``[G]`` bias (or None) of ``layer``, recomputed only when it changed."""
         w, b = layer.weight, layer.bias

@@ -31,6 +31,7 @@ class RandomRouter(Router):
     def expected_sparsity(self) -> float:
         return float(self.rate)
 
+    @torch.compiler.disable  # a seeded draw of a data-dependent shape: eager under torch.compile
     def _uniform(self, hidden: torch.Tensor) -> torch.Tensor:
         gen = None
         if self.seed is not None:
