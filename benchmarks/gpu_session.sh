@@ -6,7 +6,7 @@
 # one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
-#   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs), routing-op kernels, profiles
+#   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and compiled), routing-op kernels, profiles
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
@@ -35,8 +35,13 @@ _bench)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, transformers, lightning; print(torch.__version__, triton.__version__, transformers.__version__, lightning.__version__)"
-  CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
+  # (tests named explicitly: a bare `pytest` collected while a later call re-copied the tree failed with
+  # ImportPathMismatchError on 2026-11-30)
+  CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
   $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
+  # both sides under torch.compile (the routed ops stay eager graph breaks): a small grid, compiles are slow
+  $W bench --compile --coherent --sparsity 0 0.5 --prefill 4096 --decode-batch 1 16 \
+    --json /tmp/res/bench_e2e_compiled.json 2>&1 | tee /tmp/res/bench_e2e_compiled.md
   python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
@@ -89,6 +94,8 @@ for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors"
   [ -n "$ck" ] || { echo "no WIDE calibration fit under runs/quality/qwen2.5-1.5b/fits"; exit 1; }
   $W bench --model qwen2.5-1.5b --checkpoint $ck --coherent --json /tmp/res/bench_qwen_trained.json 2>&1 \
     | tee /tmp/res/bench_qwen_trained.md
+  $W bench --model qwen2.5-1.5b --checkpoint $ck --compile --prefill 4096 --decode-batch 1 16 \
+    --json /tmp/res/bench_qwen_trained_compiled.json 2>&1 | tee /tmp/res/bench_qwen_trained_compiled.md
   echo REALBENCH_DONE
   ;;
 status)
