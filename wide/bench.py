@@ -384,7 +384,7 @@ def run(args) -> list[dict]:
                 rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized,
                                  routing="per-token", dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
         for name, refresh in variants:
-            wide.modeling.inference.set_coherent_decode(model, refresh)
+            wide.modeling.inference.set_coherent_decode(model, refresh, args.coherent_memory)
             for b in args.decode_batch:
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
                 ms = timed(runner.step, warmup=3, iters=args.iters * 4)
@@ -416,7 +416,7 @@ def decode_nll(model, ids: torch.Tensor, prefix: int) -> float:
 
 
 def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_seqs: int,
-                   refresh: int = 1) -> list[dict]:
+                   refresh: int = 1, memory: float = 0.5) -> list[dict]:
     """Decode-time quality of per-token vs batch-coherent routing (and dense), on held-out prose.
 
     Sequences of ``prefix + steps`` tokens from the default corpus's validation split are decoded
@@ -449,7 +449,7 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
         for wl in runtime.layers:
             wl.forced = ({k: torch.ones(1, 1, s.num_groups, device=dev) for k, s in wl.slots.items()}
                          if name == "dense" else {})
-        set_coherent_decode(model, refresh if name == "coherent" else None)
+        set_coherent_decode(model, refresh if name == "coherent" else None, memory)
         nll = measure()
         rows.append(dict(routing=name, batch=batch, nll=nll, ppl=math.exp(nll), seqs=len(data), steps=steps))
     for wl in runtime.layers:
@@ -502,7 +502,7 @@ def quality_main(args) -> int:
     rows = []
     for b in args.decode_batch:
         rows += decode_quality(model, tok, batch=b, prefix=args.quality_prefix, steps=args.quality_steps,
-                               n_seqs=args.quality_seqs, refresh=args.coherent_refresh)
+                               n_seqs=args.quality_seqs, refresh=args.coherent_refresh, memory=args.coherent_memory)
     print("| routing | batch | decode-token NLL | perplexity | sequences x steps |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['routing']} | {r['batch']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['seqs']} x {r['steps']} |")
@@ -526,6 +526,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
     p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
     p.add_argument("--coherent-refresh", type=int, default=1)
+    p.add_argument("--coherent-memory", type=float, default=0.5,
+                   help="coherent decode's EMA memory (0: the current batch's scores only)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the forward on both sides (default backend: inductor); the routed ops "

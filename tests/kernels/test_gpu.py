@@ -151,9 +151,10 @@ def test_router_margin(rows, wdtype):
 
 
 @pytest.mark.parametrize("B,G", [(1, 8), (16, 112), (16, 448)])
-def test_coherent_select_and_graph_replay(B, G):
+@pytest.mark.parametrize("adaptive", [False, True], ids=["keep-G/2", "keep-rows-count"])
+def test_coherent_select_and_graph_replay(B, G, adaptive):
     """The one-launch selection equals the reference step by step, also replayed from a CUDA graph."""
-    keep = G // 2
+    keep = None if adaptive else G // 2
     margins = [torch.randn(B, G, device=DEV, dtype=torch.bfloat16) for _ in range(4)]
 
     def state():

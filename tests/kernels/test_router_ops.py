@@ -131,6 +131,20 @@ def test_coherent_reference_selects_the_top_ema_groups_on_schedule():
             assert torch.equal(sel, steps[i - 1][1])
 
 
+def test_coherent_reference_keep_none_follows_the_rows_own_counts():
+    """keep=None: the rows' mean count of executing groups (rounded half up, at least 1), no host sync."""
+    ema, sel, step = _state(8)
+    m = torch.full((2, 8), -1.0)
+    m[0, :3] = 1.0
+    m[1, :2] = 1.0  # 3 and 2 executing: 2.5 rounds up to 3
+    kernels.coherent_select(m, ema, sel, step, keep=None, memory=0.0, backend="torch")
+    assert sel.tolist() == [True, True, True] + [False] * 5
+    m[0, :3] = -1.0
+    m[1, :2] = -1.0  # none executing: one group all the same
+    kernels.coherent_select(m, ema, sel, step, keep=None, memory=0.0, backend="torch")
+    assert int(sel.sum()) == 1
+
+
 def test_coherent_ties_go_to_the_lower_index():
     ema, sel, step = _state(6)
     kernels.coherent_select(torch.zeros(2, 6), ema, sel, step, keep=2, backend="torch")
@@ -138,7 +152,8 @@ def test_coherent_ties_go_to_the_lower_index():
 
 
 @INTERPRET
-@pytest.mark.parametrize("batch,groups,keep", [(1, 1, 1), (4, 2, 1), (16, 112, 56), (3, 130, 129), (2, 8, 8)])
+@pytest.mark.parametrize("batch,groups,keep", [(1, 1, 1), (4, 2, 1), (16, 112, 56), (3, 130, 129), (2, 8, 8),
+                                                (1, 7, None), (5, 70, None), (16, 448, None)])
 @pytest.mark.parametrize("memory,refresh", [(0.5, 1), (0.0, 3), (0.9, 2)])
 def test_triton_coherent_select_matches_reference(batch, groups, keep, memory, refresh):
     torch.manual_seed(batch * groups)

@@ -114,8 +114,10 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
            "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32",
-           "BLOCK_G": "constexpr", "BLOCK_J": "constexpr"}
-    job("router._coherent_kernel", f"margin {mdtype}", sig, {"BLOCK_G": 512, "BLOCK_J": 16})
+           "ADAPTIVE": "constexpr", "BLOCK_G": "constexpr", "BLOCK_J": "constexpr"}
+    for adaptive in (False, True):
+        job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive}", sig,
+            {"ADAPTIVE": adaptive, "BLOCK_G": 512, "BLOCK_J": 16})
 
 # ---- gemm / attention / plan kernels: what their host functions launch ------------------------------
 for name in KERNELS:
@@ -227,7 +229,7 @@ PATHS = {
     "router._router_margin_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
-    "router._coherent_kernel": {"any": lambda c: True},
+    "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"]},
     "gemm._gemm_mn_direct_kernel": {
         "GEMV": lambda c: c["BLOCK_M"] == 1, "GEMV swiglu": lambda c: c["BLOCK_M"] == 1 and c["SWIGLU"],
         "GEMV ragged K": lambda c: c["BLOCK_M"] == 1 and not c["EVEN_K"],

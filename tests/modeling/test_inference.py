@@ -134,14 +134,14 @@ def test_coherent_decode_shares_masks_across_batch():
 
 
 def test_coherent_decode_keeps_the_routers_expected_rate():
-    """The shared selection keeps ceil((1 - s) * G) groups with s the router's expected skip rate (a
-    random router set to another rate than the config's target, as `wide bench` does per sparsity)."""
+    """keep="target": the shared selection keeps ceil((1 - s) * G) groups with s the router's expected skip
+    rate (a random router set to another rate than the config's target, as `wide bench` does per sparsity)."""
     model = tiny_model("llama")
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, ffn_group_size=16, router="random"))
     for wl in wide.modeling.runtime_of(model).layers:
         for r in wl.routers.values():
             r.rate = 0.75
-    set_coherent_decode(model, refresh_every=1)
+    set_coherent_decode(model, refresh_every=1, keep="target")
     layer = model.model.layers[0].wide
     seen = []
     handle = model.model.layers[0].mlp.register_forward_hook(lambda *_: seen.append(layer.group_mask["ffn"].clone()))
@@ -219,3 +219,32 @@ def test_kernel_path_never_expands_the_head_mask():
     enable_kernels(model, "torch")
     torch.testing.assert_close(model(ids).logits, ref, atol=2e-5, rtol=1e-4)
     assert layer.routes_heads and layer._head_mask is None
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_coherent_decode_keeps_as_many_groups_as_the_rows_run(backend):
+    """keep="router" (default): as many groups as the step's rows execute on average under their own
+    decisions (rounded half up, at least one), decided on the device; one row with no memory keeps exactly
+    its own decisions."""
+    import os
+
+    from wide.modeling.runtime import CoherentDecode
+
+    if backend == "triton" and not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("interpreter check")
+    g = 10
+    margin = torch.full((3, 1, g), -1.0)
+    margin[0, 0, :3] = 1.0  # the rows run 3, 4 and 6 groups: 4.33 on average -> 4
+    margin[1, 0, 2:6] = 1.0
+    margin[2, 0, 4:] = 1.0
+    sel = CoherentDecode(memory=0.0).select({}, margin, target=0.5, backend=backend)
+    assert sel.shape == (3, 1, g) and (sel.sum(-1) == 4).all()
+    # groups 2, 4, 5 run in two rows; among the one-row groups the lowest index wins the tie
+    assert torch.equal(sel[0, 0], torch.tensor([True, False, True, False, True, True] + [False] * 4))
+    one = torch.randn(1, 1, g)
+    sel = CoherentDecode(memory=0.0).select({}, one, target=0.9, backend=backend)
+    assert torch.equal(sel[0, 0], one[0, 0] >= 0) or not (one >= 0).any()
+    none = torch.full((2, 1, g), -1.0)  # no row runs anything: still one group
+    assert CoherentDecode().select({}, none, target=0.5, backend=backend).sum(-1).eq(1).all()
+    with pytest.raises(ValueError, match="keep"):
+        CoherentDecode(keep="all")

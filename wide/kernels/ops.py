@@ -223,19 +223,22 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
 
 
 @torch.compiler.disable
-def coherent_select(margin, ema, selection, step, *, keep: int, memory: float = 0.5, refresh_every: int = 1,
+def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.5, refresh_every: int = 1,
                     backend: str = "auto"):
     """One decode step of batch-coherent routing, updating its state in place (no host sync).
 
     ``ema <- lerp(ema, mean_b sigmoid(margin), 1 - memory)``; on steps where ``step % refresh_every == 0``
     the ``keep`` groups with the highest EMA (ties: lower index) become the ``selection``; ``step += 1``.
+    ``keep=None`` takes it from the step itself, on the device: the rows' mean count of groups whose own
+    decision executes (``margin >= 0``), rounded half up, at least 1 — so a layer keeps as many groups as its
+    router runs per token, whatever rate it learned there.
 
     Args:
         margin: ``[B, G]`` execute-minus-skip margins of the step's rows.
         ema: ``[G]`` float32 activation memory.
         selection: ``[G]`` bool, the groups every row runs.
         step: ``[]`` int64 decode-step counter.
-        keep: groups to select, ``1 <= keep <= G``.
+        keep: groups to select, ``1 <= keep <= G``, or None (the rows' mean executing count).
         memory: EMA decay in ``[0, 1)``.
         refresh_every: steps between selections, ``>= 1``.
         backend: as in `gemm_mn`.
@@ -253,8 +256,8 @@ def coherent_select(margin, ema, selection, step, *, keep: int, memory: float = 
                          f"{tuple(selection.shape)}")
     if step.dim() != 0 or step.dtype != torch.int64:
         raise ValueError(f"coherent_select: step must be an int64 scalar tensor, got {step.dtype} {tuple(step.shape)}")
-    if not 1 <= keep <= g:
-        raise ValueError(f"coherent_select: keep must be in [1, {g}], got {keep}")
+    if keep is not None and not 1 <= keep <= g:
+        raise ValueError(f"coherent_select: keep must be None or in [1, {g}], got {keep}")
     if not 0.0 <= memory < 1.0 or refresh_every < 1:
         raise ValueError(f"coherent_select: memory must be in [0, 1) and refresh_every >= 1, got {memory}, "
                          f"{refresh_every}")

@@ -154,12 +154,14 @@ def set_kernels(model: nn.Module, enabled: bool) -> None:
         wl.kernels_enabled = enabled
 
 
-def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.5) -> None:
-    """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``) or off (``None``)."""
+def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.5,
+                        keep: str = "router") -> None:
+    """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``, ``keep`` rule: see
+    `wide.modeling.runtime.CoherentDecode`) or off (``None``)."""
     from wide.modeling.runtime import CoherentDecode
 
     rt = runtime_of(model)
-    rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory)
+    rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory, keep)
     for wl in rt.layers:
         wl._coherent = {}
 

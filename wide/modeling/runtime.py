@@ -59,23 +59,29 @@ class CoherentDecode:
     savings vanish at batch > 1. In eval-mode decode steps (one new token per row) this replaces the
     per-token argmax by a shared top-k: each group's execute probability is averaged over the batch,
     folded into an exponential moving average (the activation memory, so groups that keep recurring
-    stay selected), and the ``ceil((1 - target) * G)`` best groups are selected for all rows. The
+    stay selected), and the best groups are selected for all rows. How many: ``keep="router"`` (default)
+    as many as the step's rows execute on average under their own decisions — the layer's learned rate,
+    decided on the device; ``keep="target"`` the fixed ``ceil((1 - target) * G)`` of every layer. The
     selection is refreshed every ``refresh_every`` decode steps and kept in between. Prefill keeps
     per-token routing.
 
     Args:
         refresh_every: Decode steps between selections (1: every step).
         memory: EMA decay of the per-group score (0: no memory).
+        keep: ``"router"`` or ``"target"`` (see above).
     """
 
     refresh_every: int = 1
     memory: float = 0.5
+    keep: str = "router"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.refresh_every, int) and self.refresh_every >= 1):
             raise ValueError(f"refresh_every: must be an integer >= 1, got {self.refresh_every!r}")
         if not 0.0 <= self.memory < 1.0:
             raise ValueError(f"memory: must be in [0, 1), got {self.memory!r}")
+        if self.keep not in ("router", "target"):
+            raise ValueError(f"keep: must be 'router' or 'target', got {self.keep!r}")
 
     def select(self, state: dict, margin: torch.Tensor, target: float, backend: str = "torch") -> torch.Tensor:
         """``margin [B, 1, G]`` (execute minus skip logit) -> the shared execute mask ``[B, 1, G]`` (bool).
@@ -86,7 +92,7 @@ class CoherentDecode:
         """
         b, _, g = margin.shape
         margin = margin.reshape(b, g)
-        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9)))
+        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9))) if self.keep == "target" else None
         if state.get("ema") is None or state["ema"].shape != (g,):
             # first decode step of a sequence: start the memory from this step and select now; the state
             # is updated in place afterwards, so a captured step keeps it on every replay

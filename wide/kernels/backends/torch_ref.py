@@ -109,8 +109,14 @@ class TorchBackend(KernelBackend):
 
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.5, refresh_every=1):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
-        order = torch.sort(ema, descending=True, stable=True).indices[:keep]  # ties: lower index first
-        fresh = torch.zeros_like(selection).index_fill_(0, order, True)
+        order = torch.sort(ema, descending=True, stable=True).indices  # ties: lower index first
+        if keep is None:  # the rows' mean executing count, on the device (no host sync)
+            count = (margin >= 0).sum(dim=-1, dtype=torch.int64)
+            n = (2 * count.sum() + margin.shape[0]).div(2 * margin.shape[0], rounding_mode="floor").clamp_min(1)
+            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            fresh = rank < n
+        else:
+            fresh = torch.zeros_like(selection).index_fill_(0, order[:keep], True)
         if refresh_every == 1:
             selection.copy_(fresh)
         else:  # decided on the device, so a captured step keeps its schedule on every replay
