@@ -416,7 +416,7 @@ def decode_nll(model, ids: torch.Tensor, prefix: int) -> float:
 
 
 def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_seqs: int,
-                   refresh: int = 1, memory: float = 0.5) -> list[dict]:
+                   refresh: int = 1, memory: float = 0.0) -> list[dict]:
     """Decode-time quality of per-token vs batch-coherent routing (and dense), on held-out prose.
 
     Sequences of ``prefix + steps`` tokens from the default corpus's validation split are decoded
@@ -526,7 +526,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
     p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
     p.add_argument("--coherent-refresh", type=int, default=1)
-    p.add_argument("--coherent-memory", type=float, default=0.5,
+    p.add_argument("--coherent-memory", type=float, default=0.0,
                    help="coherent decode's EMA memory (0: the current batch's scores only)")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",

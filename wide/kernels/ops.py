@@ -223,7 +223,7 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
 
 
 @torch.compiler.disable
-def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.5, refresh_every: int = 1,
+def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.0, refresh_every: int = 1,
                     backend: str = "auto"):
     """One decode step of batch-coherent routing, updating its state in place (no host sync).
 

@@ -154,7 +154,7 @@ def set_kernels(model: nn.Module, enabled: bool) -> None:
         wl.kernels_enabled = enabled
 
 
-def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.5,
+def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.0,
                         keep: str = "router") -> None:
     """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``, ``keep`` rule: see
     `wide.modeling.runtime.CoherentDecode`) or off (``None``)."""

@@ -67,12 +67,13 @@ class CoherentDecode:
 
     Args:
         refresh_every: Decode steps between selections (1: every step).
-        memory: EMA decay of the per-group score (0: no memory).
+        memory: EMA decay of the per-group score (0, the default: no memory — measured best at refresh 1,
+            BENCHMARKS.md "Batch-coherent decode: quality cost").
         keep: ``"router"`` or ``"target"`` (see above).
     """
 
     refresh_every: int = 1
-    memory: float = 0.5
+    memory: float = 0.0
     keep: str = "router"
 
     def __post_init__(self) -> None:

@@ -107,7 +107,7 @@ class TorchBackend(KernelBackend):
             m = F.linear(m, up, bias)
         return m >= 0 if decide else m.float()
 
-    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.5, refresh_every=1):
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
         order = torch.sort(ema, descending=True, stable=True).indices  # ties: lower index first
         if keep is None:  # the rows' mean executing count, on the device (no host sync)
