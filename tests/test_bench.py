@@ -195,3 +195,29 @@ def test_compiled_routed_model_matches_eager_and_only_breaks_at_routed_ops():
     for a, b in zip(ref, got):
         torch.testing.assert_close(b, a)
     assert breaks and all("torch.compiler.disable" in reason for reason in breaks), list(breaks)
+
+
+def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model_dir):
+    """`wide bench --quality`'s rows: dense reads everything; per-token rows run their own groups and the
+    step reads their union; coherent rows all run the same groups, so what is read is what a row runs."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import wide
+    from tests.conftest import TINY_TEXT
+    from wide.bench import decode_quality
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=16))
+    torch.manual_seed(0)
+    for r in wide.modeling.runtime_of(model).layers:
+        for router in r.routers.values():
+            for p in router.parameters():
+                p.data.normal_(0, 0.5)  # untrained routers are near-constant: spread their decisions
+    rows = decode_quality(model, tok, batch=4, prefix=4, steps=3, n_seqs=4, docs=[TINY_TEXT] * 4)
+    by = {r["routing"]: r for r in rows}
+    assert set(by) == {"dense", "per-token", "coherent"} and all(r["nll"] > 0 for r in rows)
+    assert by["dense"]["row_runs"] == by["dense"]["weights_read"] == 1.0
+    assert 0 < by["per-token"]["row_runs"] < 1 and by["per-token"]["weights_read"] >= by["per-token"]["row_runs"]
+    assert abs(by["coherent"]["weights_read"] - by["coherent"]["row_runs"]) < 1e-6

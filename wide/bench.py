@@ -398,8 +398,25 @@ def run(args) -> list[dict]:
     return rows
 
 
-def decode_nll(model, ids: torch.Tensor, prefix: int) -> float:
-    """Mean NLL of the tokens after ``prefix``, each predicted in a decode step (one token per row, cache)."""
+def _decode_usage(model) -> tuple[float, float]:
+    """Of the last decode step's routed groups (mean over layers and kinds): the fraction a row runs, and the
+    fraction some row of the batch runs — the weights the step must read."""
+    import wide
+
+    run, read = [], []
+    for wl in wide.modeling.runtime_of(model).layers:
+        for mask in wl.group_mask.values():
+            m = mask.reshape(mask.shape[0], -1, mask.shape[-1])[:, -1] > 0.5  # [B, G]
+            run.append(m.float().mean())
+            read.append(m.any(0).float().mean())
+    if not run:
+        return 1.0, 1.0
+    return torch.stack(run).mean().item(), torch.stack(read).mean().item()
+
+
+def decode_nll(model, ids: torch.Tensor, prefix: int, usage: Optional[list] = None) -> float:
+    """Mean NLL of the tokens after ``prefix``, each predicted in a decode step (one token per row, cache);
+    ``usage`` (a list) collects `_decode_usage` after every decode step."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -412,15 +429,19 @@ def decode_nll(model, ids: torch.Tensor, prefix: int) -> float:
             count += ids.shape[0]
             out = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]
+            if usage is not None:
+                usage.append(_decode_usage(model))
     return total / count
 
 
 def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_seqs: int,
-                   refresh: int = 1, memory: float = 0.0) -> list[dict]:
+                   refresh: int = 1, memory: float = 0.0, docs: Optional[list[str]] = None) -> list[dict]:
     """Decode-time quality of per-token vs batch-coherent routing (and dense), on held-out prose.
 
     Sequences of ``prefix + steps`` tokens from the default corpus's validation split are decoded
-    teacher-forced in batches of ``batch``; the NLL of the ``steps`` decode-time tokens is reported.
+    teacher-forced in batches of ``batch``; the NLL of the ``steps`` decode-time tokens is reported, with
+    the share of routed groups a row runs and the share some row of the step runs (the weights a decode
+    step reads), averaged over layers, kinds and steps. ``docs`` replaces the corpus (tests).
     """
     import math
 
@@ -430,7 +451,7 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
 
     need = prefix + steps
     seqs = []
-    for doc in default_corpus_split()[1]:
+    for doc in docs if docs is not None else default_corpus_split()[1]:
         ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
         if len(ids) >= need:
             seqs.append(ids[:need])
@@ -440,9 +461,9 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
     data = torch.tensor(seqs, device=dev)
     runtime = wide.modeling.runtime_of(model)
 
-    def measure() -> float:
-        return sum(decode_nll(model, data[i:i + batch], prefix) for i in range(0, len(data), batch)) / math.ceil(
-            len(data) / batch)
+    def measure(usage: list) -> float:
+        return sum(decode_nll(model, data[i:i + batch], prefix, usage)
+                   for i in range(0, len(data), batch)) / math.ceil(len(data) / batch)
 
     rows = []
     for name in ("dense", "per-token", "coherent"):
@@ -450,8 +471,12 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
             wl.forced = ({k: torch.ones(1, 1, s.num_groups, device=dev) for k, s in wl.slots.items()}
                          if name == "dense" else {})
         set_coherent_decode(model, refresh if name == "coherent" else None, memory)
-        nll = measure()
-        rows.append(dict(routing=name, batch=batch, nll=nll, ppl=math.exp(nll), seqs=len(data), steps=steps))
+        usage: list = []
+        nll = measure(usage)
+        run = sum(u[0] for u in usage) / max(1, len(usage))
+        read = sum(u[1] for u in usage) / max(1, len(usage))
+        rows.append(dict(routing=name, batch=batch, nll=nll, ppl=math.exp(nll), seqs=len(data), steps=steps,
+                         row_runs=run, weights_read=read))
     for wl in runtime.layers:
         wl.forced = {}
     set_coherent_decode(model, None)
@@ -503,9 +528,11 @@ def quality_main(args) -> int:
     for b in args.decode_batch:
         rows += decode_quality(model, tok, batch=b, prefix=args.quality_prefix, steps=args.quality_steps,
                                n_seqs=args.quality_seqs, refresh=args.coherent_refresh, memory=args.coherent_memory)
-    print("| routing | batch | decode-token NLL | perplexity | sequences x steps |\n|---|---|---|---|---|")
+    print("| routing | batch | decode-token NLL | perplexity | groups a row runs | groups read (any row) | "
+          "sequences x steps |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['routing']} | {r['batch']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['seqs']} x {r['steps']} |")
+        print(f"| {r['routing']} | {r['batch']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['row_runs']:.1%} | "
+              f"{r['weights_read']:.1%} | {r['seqs']} x {r['steps']} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "quality": rows}, indent=2))
     return 0
