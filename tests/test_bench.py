@@ -156,47 +156,6 @@ def test_bench_compiles_both_sides(tmp_path, tiny_model_dir, capsys):
     assert "torch.compile(backend='aot_eager')" in capsys.readouterr().out
 
 
-def test_compiled_routed_model_matches_eager_and_only_breaks_at_routed_ops():
-    """torch.compile over a routed model with kernels on: same logits (prefill and static-cache decode), and
-    every graph break is one of the routed ops / plans / the routers' folded-weight cache (eager by design)."""
-    import torch
-    from transformers import StaticCache
-
-    import wide
-    from tests.conftest import tiny_model
-    from wide.modeling.inference import enable_kernels
-
-    model = tiny_model("llama", num_hidden_layers=2)
-    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
-    model.eval()
-    enable_kernels(model, "torch")
-
-    def run():
-        cache = StaticCache(config=model.config, max_cache_len=16)
-        with torch.inference_mode():
-            logits = [model(input_ids=torch.arange(3, 11)[None], past_key_values=cache, use_cache=True,
-                            cache_position=torch.arange(8)).logits]
-            for i in range(3):
-                logits.append(model(input_ids=torch.tensor([[5 + i]]), past_key_values=cache, use_cache=True,
-                                    cache_position=torch.tensor([8 + i])).logits)
-        return logits
-
-    ref = run()
-    eager_forward = model.forward
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    try:
-        model.forward = torch.compile(eager_forward, backend="aot_eager")
-        got = run()
-        breaks = dict(torch._dynamo.utils.counters["graph_break"])
-    finally:
-        model.forward = eager_forward
-        torch._dynamo.reset()
-    for a, b in zip(ref, got):
-        torch.testing.assert_close(b, a)
-    assert breaks and all("torch.compiler.disable" in reason for reason in breaks), list(breaks)
-
-
 def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model_dir):
     """`wide bench --quality`'s rows: dense reads everything; per-token rows run their own groups and the
     step reads their union; coherent rows all run the same groups, so what is read is what a row runs."""

@@ -110,13 +110,11 @@ class TorchBackend(KernelBackend):
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
         order = torch.sort(ema, descending=True, stable=True).indices  # ties: lower index first
-        if keep is None:  # the rows' mean executing count, on the device (no host sync)
-            count = (margin >= 0).sum(dim=-1, dtype=torch.int64)
-            n = (2 * count.sum() + margin.shape[0]).div(2 * margin.shape[0], rounding_mode="floor").clamp_min(1)
-            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-            fresh = rank < n
-        else:
-            fresh = torch.zeros_like(selection).index_fill_(0, order[:keep], True)
+        if keep is None:  # the rows' mean executing count, rounded half up, on the device (no host sync)
+            b = margin.shape[0]
+            keep = (2 * (margin >= 0).sum() + b).div(2 * b, rounding_mode="floor").clamp_min(1)
+        # the first ``keep`` places of the ranking, scattered back to their groups
+        fresh = torch.zeros_like(selection).scatter_(0, order, torch.arange(order.numel(), device=order.device) < keep)
         if refresh_every == 1:
             selection.copy_(fresh)
         else:  # decided on the device, so a captured step keeps its schedule on every replay

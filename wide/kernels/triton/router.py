@@ -88,11 +88,12 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
     block_r = max(16, triton.next_power_of_2(R))
     block_d = max(16, min(triton.next_power_of_2(D), 4096 // block_r))
     block_g = max(16, min(triton.next_power_of_2(G), 4096 // block_r))
-    # about 128 programs in all, each at least one BLOCK_D wide (a power of two: the finishing program
-    # loads all partials as one block)
-    split = min(triton.next_power_of_2(triton.cdiv(D, block_d)), max(1, triton.next_power_of_2(triton.cdiv(128, M))), 64)
-    chunk = triton.cdiv(triton.cdiv(D, split), block_d) * block_d
-    split = triton.next_power_of_2(triton.cdiv(D, chunk)) if split > 1 else 1
+    # about 128 programs in all, each a whole number of BLOCK_D columns; SPLIT stays a power of two (the
+    # finishing program loads all partials as one block), trimmed to the programs that cover D
+    n_blocks = triton.cdiv(D, block_d)
+    split = min(triton.next_power_of_2(n_blocks), triton.next_power_of_2(triton.cdiv(128, M)), 64)
+    chunk = triton.cdiv(n_blocks, split) * block_d
+    split = triton.next_power_of_2(triton.cdiv(D, chunk))
     parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else out
     _router_margin_kernel[(M, split)](
         x, down, up if up is not None else down, bias if bias is not None else down, dst, parts,
