@@ -11,6 +11,7 @@ import torch
 from transformers import StaticCache
 
 import wide
+from wide.bench import _static_rewind
 from tests.conftest import tiny_model
 from wide.modeling.inference import enable_kernels, set_coherent_decode
 
@@ -79,14 +80,17 @@ def test_inductor_compiled_routed_decode_matches_eager_and_replays_from_a_graph(
         pos = torch.tensor([11], device="cuda")
         tok = torch.tensor([[11], [13]], device="cuda")
         with torch.inference_mode():
+            rewind = _static_rewind(cache, 11)  # static layers count their own write position: write slot 11 again
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 expect = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits.clone()
+                rewind()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
+                rewind()
             graph.replay()
             torch.cuda.synchronize()
         # the replay rewrites the same cache slot with the same token; coherent decode keeps no memory by default
