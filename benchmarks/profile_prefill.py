@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=0, help="profile a decode step of this many rows instead")
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
+    ap.add_argument("--fuse-glue", action="store_true", help="both sides with wide.fuse_glue (compiled norms / RoPE)")
     args = ap.parse_args()
 
     import wide
@@ -83,6 +84,10 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = build_model(None, args.layers, "cuda", torch.bfloat16)
+    if args.fuse_glue:
+        from wide.modeling.fuse import fuse_glue
+
+        fuse_glue(model)
     ids = _tokens(model, (1, args.tokens), "cuda")
 
     state: dict = {}
@@ -109,6 +114,8 @@ def main() -> None:
     wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
     model.eval()
     enable_kernels(model)
+    if args.fuse_glue:
+        fuse_glue(model)
     for wl in wide.modeling.runtime_of(model).layers:
         for r in wl.routers.values():
             r.rate = args.sparsity
@@ -132,7 +139,8 @@ def main() -> None:
 
     what = (f"decode step ({'coherent' if args.coherent else 'per-token'} routing), batch {args.decode}, context"
             if args.decode else "prefill")
-    print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}")
+    print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}"
+          + (", glue fused (wide.fuse_glue)" if args.fuse_glue else ""))
     for name, (wall, groups, count, syncs) in results.items():
         gpu = sum(groups.values())
         print(f"\n{name}: wall {wall:.2f} ms, summed GPU time {gpu:.2f} ms, host gap {wall - gpu:.2f} ms, "

@@ -1,4 +1,5 @@
 import json
+from unittest import mock
 
 from wide.bench import bench_main
 
@@ -154,6 +155,31 @@ def test_bench_compiles_both_sides(tmp_path, tiny_model_dir, capsys):
     assert len(rows) == 2 and all(r["routed_ms"] > 0 for r in rows)
     assert json.loads(out.read_text())["args"]["compile"] == "aot_eager"
     assert "torch.compile(backend='aot_eager')" in capsys.readouterr().out
+
+
+def test_bench_fuses_glue_on_both_sides(tmp_path, tiny_model_dir, capsys):
+    """--fuse-glue: the dense and the routed model run with compiled norms / RoPE (and the dense MLP)."""
+    import torch
+
+    from wide.modeling.fuse import fuse_glue
+
+    out = tmp_path / "bench.json"
+    calls = []
+    try:
+        with mock.patch("wide.modeling.fuse.fuse_glue", side_effect=lambda m: calls.append(fuse_glue(m))):
+            bench_main(["--model", tiny_model_dir, "--prefill", "16", "--decode-batch", "1", "--context", "8",
+                        "--sparsity", "0.5", "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2",
+                        "--dtype", "fp32", "--fuse-glue", "--json", str(out)])
+    finally:
+        import transformers.models.llama.modeling_llama as llama  # RoPE is fused for the process: put it back
+
+        llama.apply_rotary_pos_emb = getattr(llama.apply_rotary_pos_emb, "_wide_original",
+                                             llama.apply_rotary_pos_emb)
+        torch._dynamo.reset()
+    assert calls == [{"norm": 5, "rope": 2, "mlp": 2}, {"norm": 5, "rope": 2, "mlp": 0}]  # dense, then routed
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(r["routed_ms"] > 0 for r in rows)
+    assert "wide.fuse_glue" in capsys.readouterr().out
 
 
 def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model_dir):

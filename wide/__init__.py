@@ -10,6 +10,7 @@ from wide.modeling import (
     set_temperature,
     sparsity_stats,
 )
+from wide.modeling.fuse import fuse_glue, unfuse_glue
 from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode
 from wide.policies import POLICIES, Policy, register_policy
 from wide.routers import ROUTERS, Router, RouterSpec, register_router
@@ -28,6 +29,7 @@ __all__ = [
     "apply_wide",
     "enable_kernels",
     "export",
+    "fuse_glue",
     "load",
     "set_coherent_decode",
     "is_routed",
@@ -36,4 +38,5 @@ __all__ = [
     "router_parameters",
     "set_temperature",
     "sparsity_stats",
+    "unfuse_glue",
 ]

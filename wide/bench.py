@@ -321,6 +321,7 @@ def compile_forward(model, backend: str) -> None:
 
 def run(args) -> list[dict]:
     import wide
+    from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -330,6 +331,8 @@ def run(args) -> list[dict]:
     rows: list[dict] = []
     if args.compile:
         compile_forward(model, args.compile)
+    if args.fuse_glue:
+        fuse_glue(model)
 
     # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides
     prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else [])
@@ -367,6 +370,8 @@ def run(args) -> list[dict]:
         sparsities = args.sparsity
     model.eval()
     enable_kernels(model, args.backend)
+    if args.fuse_glue:
+        fuse_glue(model)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
     routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
@@ -559,6 +564,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the forward on both sides (default backend: inductor); the routed ops "
                         "stay eager graph breaks, the glue between them is compiled")
+    p.add_argument("--fuse-glue", action="store_true",
+                   help="compile HF's RMS norms, RoPE and the dense MLP's act*up on both sides (wide.fuse_glue): "
+                        "seconds to compile, CUDA-graph capturable")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=5)
@@ -592,6 +600,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
                 f"{k} {v:.2f} ms" for k, v in r["dense_variants"].items()) + " (fastest is the baseline)")
     if args.compile:
         print(f"both sides' forwards under torch.compile(backend={args.compile!r}); routed ops run as eager graph breaks")
+    if args.fuse_glue:
+        print("both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue)")
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:

@@ -188,7 +188,7 @@ def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 
 def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
-         kernels: bool = True, backend: Optional[str] = None) -> nn.Module:
+         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool = False) -> nn.Module:
     """Restores a folder written by ``export`` onto its HF architecture: routed, eval mode, ready to generate.
 
     Args:
@@ -197,6 +197,8 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
         device: Where to put the model (default: CPU).
         kernels: Route eval forwards through ``wide.kernels`` (``enable_kernels``).
         backend: Kernel backend (default: the exported ``WideConfig.backend``).
+        fuse_glue: Compile the RMS norms and RoPE (`wide.modeling.fuse.fuse_glue`): fewer, fused launches
+            per decode step; the first forward at each new shape compiles.
     """
     from transformers import AutoModelForCausalLM
 
@@ -213,4 +215,8 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
     model.eval()
     if kernels:
         enable_kernels(model, backend)
+    if fuse_glue:
+        from wide.modeling.fuse import fuse_glue as fuse
+
+        fuse(model)
     return model

@@ -1,0 +1,158 @@
+"""``fuse_glue``: RMS norms, RoPE and dense MLP glue compiled in place, same outputs, CUDA-graph capturable.
+
+CPU (inductor's C++ backend) in CI; GPU (Triton kernels, a CUDA graph of a fused routed decode step) on the
+device: ``pytest -m gpu tests/modeling/test_fuse.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+import wide
+from wide.bench import _static_rewind
+from tests.conftest import tiny_model
+from wide.modeling.fuse import fuse_glue, unfuse_glue
+from wide.modeling.inference import enable_kernels
+
+
+def _logits(model, rows: int = 2, static: bool = False):
+    """Logits of a 7-token prefill and two cached decode steps."""
+    dev = next(model.parameters()).device
+    cache = StaticCache(config=model.config, max_cache_len=16) if static else DynamicCache(config=model.config)
+    prompt = torch.arange(3, 3 + 7 * rows, device=dev).view(rows, 7) % model.config.vocab_size
+    with torch.inference_mode():
+        out = [model(input_ids=prompt, past_key_values=cache, use_cache=True).logits]
+        for i in range(2):
+            tok = torch.arange(5 + i, 5 + i + rows, device=dev).view(rows, 1)
+            out.append(model(input_ids=tok, past_key_values=cache, use_cache=True,
+                             cache_position=torch.tensor([7 + i], device=dev)).logits)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "qwen3"])
+def test_fused_dense_model_gives_the_same_logits_and_unfuses(arch_name):
+    model = tiny_model(arch_name, num_hidden_layers=2)
+    ref = _logits(model)
+    counts = fuse_glue(model)
+    # qwen3 also norms q and k per head
+    norms = 2 * 2 + 1 + (2 * 2 if arch_name == "qwen3" else 0)
+    assert counts == {"norm": norms, "rope": 2, "mlp": 2}
+    assert fuse_glue(model) == counts  # idempotent: nothing is compiled twice
+    rope_module = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    assert hasattr(rope_module.apply_rotary_pos_emb, "_wide_original")
+    for a, b in zip(ref, _logits(model)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    unfuse_glue(model)
+    assert not hasattr(rope_module.apply_rotary_pos_emb, "_wide_original")
+    assert "forward" not in vars(model.model.norm)
+    for a, b in zip(ref, _logits(model)):
+        torch.testing.assert_close(b, a)
+
+
+def test_fused_routed_model_matches_unfused_per_token_and_coherent():
+    """Fused before routing (as ``wide bench --fuse-glue`` does) and with routed kernels on: the routed MLP
+    replaces the fused dense one; norms and RoPE stay fused; same logits over a static cache."""
+    model = tiny_model("llama", num_hidden_layers=2)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    enable_kernels(model, "torch")
+    refs = {}
+    for coherent in (None, 1):
+        wide.set_coherent_decode(model, coherent)
+        refs[coherent] = _logits(model, static=True)
+    counts = fuse_glue(model)
+    assert counts == {"norm": 5, "rope": 2, "mlp": 0}
+    try:
+        for coherent in (None, 1):
+            wide.set_coherent_decode(model, coherent)
+            for a, b in zip(refs[coherent], _logits(model, static=True)):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    finally:
+        unfuse_glue(model)
+
+
+def test_routed_reference_mlp_is_left_eager():
+    """Without kernels a routed MLP masks its activation with wide's module: not fused, still correct."""
+    model = tiny_model("llama", num_hidden_layers=1)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    ref = _logits(model)
+    try:
+        assert fuse_glue(model)["mlp"] == 0
+        for a, b in zip(ref, _logits(model)):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    finally:
+        unfuse_glue(model)
+
+
+def test_load_fuse_glue_generates_the_same_tokens(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32))
+    wide.export(model, tmp_path / "exported")
+    ids = torch.randint(3, 96, (2, 8))
+    plain = wide.load(tmp_path / "exported")
+    expect = plain.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    fused = wide.load(tmp_path / "exported", fuse_glue=True)
+    try:
+        assert hasattr(fused.model.norm.forward, "_wide_original")
+        got = fused.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+        torch.testing.assert_close(got, expect)
+    finally:
+        unfuse_glue(fused)
+
+
+@pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_routed_decode_replays_from_a_cuda_graph(coherent):
+    """Triton backend, glue fused: same logits as unfused; a decode step captured in a CUDA graph (after
+    eager warm-ups at its shape) replays them."""
+    model = tiny_model("llama", num_hidden_layers=3, hidden_size=256, intermediate_size=512,
+                       num_attention_heads=8, num_key_value_heads=2).to("cuda", torch.float16)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=4, ffn_group_size=128))
+    model.eval()
+    enable_kernels(model, "triton")
+    wide.set_coherent_decode(model, 1 if coherent else None)
+    ref = _logits(model, static=True)
+    fuse_glue(model)
+    try:
+        got = _logits(model, static=True)
+        for a, b in zip(ref, got):
+            torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        prompt = torch.arange(3, 17, device="cuda").view(2, 7)
+        pos = torch.tensor([7], device="cuda")
+        tok = torch.tensor([[11], [13]], device="cuda")
+        with torch.inference_mode():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            rewind = _static_rewind(cache, 7)  # static layers count their own write position: write slot 7 again
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    expect = model(input_ids=tok, past_key_values=cache, use_cache=True,
+                                   cache_position=pos).logits.clone()
+                    rewind()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
+                rewind()
+            graph.replay()
+            torch.cuda.synchronize()
+        torch.testing.assert_close(static.float(), expect.float(), rtol=2e-2, atol=2e-2)
+    finally:
+        unfuse_glue(model)
