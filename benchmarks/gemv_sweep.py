@@ -1,0 +1,111 @@
+"""Batch-1 decode GEMV configs of the routed kernels on Llama-3.1-8B layer shapes, against cuBLAS.
+
+Each timed call reads a different one of 8 weight copies, as a model's layers do: the H200's 50 MB L2 would
+otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernels.py` reuses one
+weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0.
+Prints the six fastest configs per shape and density, plus the default (``None``).
+
+    PYTHONPATH=. python3 benchmarks/gemv_sweep.py      # H200: ~1 min
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from wide.kernels import get_backend, make_plan  # noqa: E402
+from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
+
+DT, DEV, COPIES = torch.bfloat16, "cuda", 8
+SHAPES = {  # name: (op, N, K, group) of one Llama-3.1-8B layer (attention groups: 4 heads of 128)
+    "o_proj": ("gemm_k", 4096, 4096, 512), "down": ("gemm_k", 4096, 14336, 128),
+    "q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128)}
+K_CANDIDATES = [C(1, bn, 128, w, st, split_k=sp, variant=v) for v in ("list", "")
+                for (bn, w, st, sp) in ((32, 4, 4, 4), (32, 4, 4, 2), (32, 4, 4, 8), (16, 4, 4, 4), (64, 4, 4, 8),
+                                        (32, 8, 4, 4), (32, 2, 4, 4), (32, 4, 6, 4), (16, 2, 4, 8), (64, 8, 3, 4))]
+MN_CANDIDATES = [("direct", C(1, bn, bk, w, st)) for (bn, bk, w, st) in
+                 ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 4, 4), (32, 256, 4, 4), (8, 256, 4, 4), (8, 512, 8, 4),
+                  (4, 512, 4, 4), (8, 1024, 4, 3), (16, 512, 8, 3), (8, 512, 2, 6))]
+CANDIDATES = {"gemm_k": [None] + K_CANDIDATES, "gemm_mn": [None] + MN_CANDIDATES, "swiglu": [None] + MN_CANDIDATES}
+
+
+def graph_us(fns, reps: int = 30) -> float:
+    """Median us per call of ``fns`` (3 rounds of all of them in one CUDA graph)."""
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            for f in fns:
+                f()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / (3 * len(fns)) * 1e3)
+    return statistics.median(times)
+
+
+def routed_calls(op, x, ws, w2s, mask, plan, cfg):
+    """(one call per weight copy, the first copy's output, the torch reference of it)."""
+    tb, ref = get_backend("triton"), get_backend("torch")
+    if op == "swiglu":
+        fns = [lambda w=w, w2=w2: tb.swiglu(x, w, w2, mask, plan=plan, config=cfg) for w, w2 in zip(ws, w2s)]
+        return fns, fns[0](), ref.swiglu(x, ws[0], w2s[0], mask)
+    fn = getattr(tb, op)
+    fns = [lambda w=w: fn(x, w, mask, plan=plan, config=cfg) for w in ws]
+    return fns, fns[0](), getattr(ref, op)(x, ws[0], mask)
+
+
+def main() -> None:
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, M=1, {COPIES} weight copies")
+    for name, (op, N, K, group) in SHAPES.items():
+        x = torch.randn(1, K, device=DEV, dtype=DT)
+        ws = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)]
+        w2s = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)] if op == "swiglu" else None
+        nbytes = N * K * 2 * (2 if op == "swiglu" else 1)
+        extra = ""
+        if op == "swiglu":
+            dense = [lambda w=w, w2=w2: F.silu(F.linear(x, w)) * F.linear(x, w2) for w, w2 in zip(ws, w2s)]
+            cat = [torch.cat([w, w2]) for w, w2 in zip(ws, w2s)]
+            extra = f", one cuBLAS GEMV over [gate; up] {graph_us([lambda w=w: F.linear(x, w) for w in cat]):.1f} us"
+            del cat
+        else:
+            dense = [lambda w=w: F.linear(x, w) for w in ws]
+        d = graph_us(dense)
+        print(f"== {name} {op} N={N} K={K} group={group}: dense {d:.1f} us ({nbytes / d / 1e6:.2f} TB/s){extra}",
+              flush=True)
+        ng = (K if op == "gemm_k" else N) // group
+        for density in (0.5, 1.0):
+            mask = torch.zeros(1, ng, dtype=torch.bool, device=DEV)
+            mask[0, torch.randperm(ng, device=DEV)[: round(ng * density)]] = True
+            plan = make_plan(mask).materialize(flat=True)
+            res = []
+            for cfg in CANDIDATES[op]:
+                try:
+                    fns, out, ref = routed_calls(op, x, ws, w2s, mask, plan, cfg)
+                    err = f"{((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-9)).item():.1e}"
+                    res.append((graph_us(fns), str(cfg), err))
+                except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
+                    res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
+            for t, c, err in sorted(res)[:6] + [r for r in res if r[1] == "None"]:
+                print(f"  d={density:.2f} {t:7.1f} us  {d / t:5.2f}x  {nbytes * density / t / 1e6:5.2f} TB/s  "
+                      f"rel err {err}  {c}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
