@@ -6,7 +6,7 @@
 # one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
-#   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and compiled), routing-op kernels, profiles
+#   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and fused glue), GEMV sweep, routing ops, profiles
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
@@ -39,9 +39,10 @@ _bench)
   # ImportPathMismatchError on 2026-11-30)
   CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
   $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
-  # both sides under torch.compile (the routed ops stay eager graph breaks): a small grid, compiles are slow
-  $W bench --compile --coherent --sparsity 0 0.5 --prefill 4096 --decode-batch 1 16 \
-    --json /tmp/res/bench_e2e_compiled.json 2>&1 | tee /tmp/res/bench_e2e_compiled.md
+  # both sides with compiled RMS norms / RoPE / dense act*up (wide.fuse_glue); (`--compile`, the whole forward
+  # compiled around ~8 graph breaks per layer, had not finished compiling the 8B shape after 7 min on 2026-11-30)
+  $W bench --fuse-glue --coherent --json /tmp/res/bench_e2e_fused.json 2>&1 | tee /tmp/res/bench_e2e_fused.md
+  python3 benchmarks/gemv_sweep.py 2>&1 | tee /tmp/res/gemv_sweep.txt
   python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
@@ -50,6 +51,8 @@ _bench)
   for b in 1 16; do python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode $b 2>&1 | tee /tmp/res/profile_decode_b$b.txt; done
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 16 --coherent 2>&1 \
     | tee /tmp/res/profile_decode_b16_coherent.txt
+  python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 1 --fuse-glue 2>&1 \
+    | tee /tmp/res/profile_decode_b1_fused.txt
   echo BENCH_DONE
   ;;
 _smollm)
@@ -94,8 +97,8 @@ for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors"
   [ -n "$ck" ] || { echo "no WIDE calibration fit under runs/quality/qwen2.5-1.5b/fits"; exit 1; }
   $W bench --model qwen2.5-1.5b --checkpoint $ck --coherent --json /tmp/res/bench_qwen_trained.json 2>&1 \
     | tee /tmp/res/bench_qwen_trained.md
-  $W bench --model qwen2.5-1.5b --checkpoint $ck --compile --prefill 4096 --decode-batch 1 16 \
-    --json /tmp/res/bench_qwen_trained_compiled.json 2>&1 | tee /tmp/res/bench_qwen_trained_compiled.md
+  $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent \
+    --json /tmp/res/bench_qwen_trained_fused.json 2>&1 | tee /tmp/res/bench_qwen_trained_fused.md
   echo REALBENCH_DONE
   ;;
 status)
