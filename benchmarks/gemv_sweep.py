@@ -1,12 +1,16 @@
-"""Batch-1 decode GEMV configs of the routed kernels on Llama-3.1-8B layer shapes, against cuBLAS.
+"""Decode-step configs of the routed GEMMs (batch 1: GEMV; batch 16: skinny GEMM) on Llama-3.1-8B layer
+shapes, against cuBLAS.
 
 Each timed call reads a different one of 8 weight copies, as a model's layers do: the H200's 50 MB L2 would
 otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernels.py` reuses one
-weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0.
-Prints the six fastest configs per shape and density, plus the default (``None``).
+weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0;
+with ``--m 16`` the 50% masks are both batch-coherent (every row the same groups, as coherent decode makes
+them) and per-token (independent rows). Prints the six fastest configs per case, plus the default (``None``).
 
-    PYTHONPATH=. python3 benchmarks/gemv_sweep.py      # H200: ~1 min
+    PYTHONPATH=. python3 benchmarks/gemv_sweep.py            # batch 1 (H200: ~1 min)
+    PYTHONPATH=. python3 benchmarks/gemv_sweep.py --m 16     # batch 16
 """
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +34,13 @@ MN_CANDIDATES = [("direct", C(1, bn, bk, w, st)) for (bn, bk, w, st) in
                  ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 4, 4), (32, 256, 4, 4), (8, 256, 4, 4), (8, 512, 8, 4),
                   (4, 512, 4, 4), (8, 1024, 4, 3), (16, 512, 8, 3), (8, 512, 2, 6))]
 CANDIDATES = {"gemm_k": [None] + K_CANDIDATES, "gemm_mn": [None] + MN_CANDIDATES, "swiglu": [None] + MN_CANDIDATES}
+K16 = [C(16, bn, bk, w, st, split_k=sp, variant=v) for v in ("", "list")
+       for (bn, bk, w, st, sp) in ((64, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 8), (32, 128, 4, 4, 4),
+                                   (128, 128, 4, 4, 4), (64, 128, 8, 4, 4), (32, 128, 4, 4, 8), (64, 64, 4, 6, 4))]
+MN16 = [("direct", C(16, bn, bk, w, st)) for (bn, bk, w, st) in
+        ((64, 128, 4, 4), (32, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 4), (16, 256, 4, 4),
+         (64, 64, 4, 6), (128, 64, 8, 4), (32, 128, 2, 4), (16, 512, 4, 3), (64, 128, 8, 4))]
+CANDIDATES_16 = {"gemm_k": [None] + K16, "gemm_mn": [None] + MN16, "swiglu": [None] + MN16}
 
 
 def graph_us(fns, reps: int = 30) -> float:
@@ -71,10 +82,28 @@ def routed_calls(op, x, ws, w2s, mask, plan, cfg):
     return fns, fns[0](), getattr(ref, op)(x, ws[0], mask)
 
 
+def masks(m: int, ng: int):
+    """(label, density, [m, ng] bool mask) cases: half the groups at random (batch-coherent and per-token rows
+    when m > 1), and all of them."""
+    def half():
+        row = torch.zeros(ng, dtype=torch.bool, device=DEV)
+        row[torch.randperm(ng, device=DEV)[: ng // 2]] = True
+        return row
+    out = [("coherent" if m > 1 else "", 0.5, half().expand(m, ng).contiguous())]
+    if m > 1:
+        out.append(("per-token", 0.5, torch.stack([half() for _ in range(m)])))
+    out.append(("", 1.0, torch.ones(m, ng, dtype=torch.bool, device=DEV)))
+    return out
+
+
 def main() -> None:
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, M=1, {COPIES} weight copies")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, default=1, choices=[1, 16], help="rows (decode batch)")
+    m = ap.parse_args().m
+    candidates = CANDIDATES if m == 1 else CANDIDATES_16
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, M={m}, {COPIES} weight copies")
     for name, (op, N, K, group) in SHAPES.items():
-        x = torch.randn(1, K, device=DEV, dtype=DT)
+        x = torch.randn(m, K, device=DEV, dtype=DT)
         ws = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)]
         w2s = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)] if op == "swiglu" else None
         nbytes = N * K * 2 * (2 if op == "swiglu" else 1)
@@ -90,20 +119,19 @@ def main() -> None:
         print(f"== {name} {op} N={N} K={K} group={group}: dense {d:.1f} us ({nbytes / d / 1e6:.2f} TB/s){extra}",
               flush=True)
         ng = (K if op == "gemm_k" else N) // group
-        for density in (0.5, 1.0):
-            mask = torch.zeros(1, ng, dtype=torch.bool, device=DEV)
-            mask[0, torch.randperm(ng, device=DEV)[: round(ng * density)]] = True
+        for label, density, mask in masks(m, ng):
             plan = make_plan(mask).materialize(flat=True)
             res = []
-            for cfg in CANDIDATES[op]:
+            for cfg in candidates[op]:
                 try:
                     fns, out, ref = routed_calls(op, x, ws, w2s, mask, plan, cfg)
                     err = f"{((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-9)).item():.1e}"
                     res.append((graph_us(fns), str(cfg), err))
                 except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
                     res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
-            for t, c, err in sorted(res)[:6] + [r for r in res if r[1] == "None"]:
-                print(f"  d={density:.2f} {t:7.1f} us  {d / t:5.2f}x  {nbytes * density / t / 1e6:5.2f} TB/s  "
+            best = sorted(res)[:6]
+            for t, c, err in best + [r for r in res if r[1] == "None" and r not in best]:
+                print(f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  {nbytes * density / t / 1e6:5.2f} TB/s  "
                       f"rel err {err}  {c}", flush=True)
 
 
