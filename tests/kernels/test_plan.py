@@ -89,3 +89,30 @@ def test_density_hint_changes_the_path_never_the_result(monkeypatch, hint, all_o
     torch.testing.assert_close(h, ref_h, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(y, kernels.gemm_k(ref_h, w_down, mask, backend="torch"), atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(y2, kernels.gemm_k(x @ w_gate.t(), w_down, mask, backend="torch"), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("hint, path", [(1.0, "dense"), (0.5, "routed"), (None, "routed")])
+def test_hinted_plan_picks_the_dense_path_under_stream_capture(monkeypatch, hint, path):
+    """Under capture a plan may not read its mask on the host: with a density hint the high-density path
+    (cuBLAS + masking pass) is still chosen, without one the routed kernel runs (no sync either way)."""
+    from wide import kernels
+    from wide.kernels.backends import triton_backend
+    from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "DENSE_MIN_M", 8)
+    monkeypatch.setattr(triton_backend, "_capturing", lambda t: True)
+
+    def no_sync(self):
+        raise AssertionError("measured the density on the host while capturing")
+
+    monkeypatch.setattr(RoutingPlan, "density", no_sync)
+    used = []
+    real_dense = tg.gemm_mn_dense
+    monkeypatch.setattr(tg, "gemm_mn_dense", lambda *a, **k: used.append("dense") or real_dense(*a, **k))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 32, generator=g)
+    w = torch.randn(512, 32, generator=g)  # groups of 128: the dense path above 75% expected density
+    mask = torch.rand(16, 4, generator=g) < 0.7
+    out = kernels.gemm_mn(x, w, mask, plan=make_plan(mask, density_hint=hint), backend="triton")
+    torch.testing.assert_close(out, kernels.gemm_mn(x, w, mask, backend="torch"), atol=1e-4, rtol=1e-4)
+    assert used == (["dense"] if path == "dense" else [])

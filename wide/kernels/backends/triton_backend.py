@@ -162,7 +162,10 @@ class TritonBackend(KernelBackend):
         if M == 0:
             return out
         act_id = tg.ACTIVATIONS[act]
-        if config is None and M >= tg.DENSE_MIN_M and not _capturing(x):
+        hinted = plan is not None and plan.density_hint is not None
+        if config is None and M >= tg.DENSE_MIN_M and (hinted or not _capturing(x)):
+            # a hinted plan chooses with no host read, so under stream capture too (a routed model at 0% then
+            # captures cuBLAS, as its eager run does); an unhinted one measures its mask, which capture forbids
             plan = _plan_for(mask, plan)
             if plan.expected_density() >= tg.dense_density(group):
                 config = ("dense", None)
