@@ -166,10 +166,10 @@ def test_bench_fuses_glue_on_both_sides(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "bench.json"
     calls = []
     try:
-        with mock.patch("wide.modeling.fuse.fuse_glue", side_effect=lambda m: calls.append(fuse_glue(m))):
+        with mock.patch("wide.modeling.fuse.fuse_glue", side_effect=lambda m, b: calls.append(fuse_glue(m, b))):
             bench_main(["--model", tiny_model_dir, "--prefill", "16", "--decode-batch", "1", "--context", "8",
                         "--sparsity", "0.5", "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2",
-                        "--dtype", "fp32", "--fuse-glue", "--json", str(out)])
+                        "--dtype", "fp32", "--fuse-glue", "aot_eager", "--json", str(out)])
     finally:
         import transformers.models.llama.modeling_llama as llama  # RoPE is fused for the process: put it back
 

@@ -332,7 +332,7 @@ def run(args) -> list[dict]:
     if args.compile:
         compile_forward(model, args.compile)
     if args.fuse_glue:
-        fuse_glue(model)
+        fuse_glue(model, args.fuse_glue)
 
     # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides
     prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else [])
@@ -371,7 +371,7 @@ def run(args) -> list[dict]:
     model.eval()
     enable_kernels(model, args.backend)
     if args.fuse_glue:
-        fuse_glue(model)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
+        fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
     routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
@@ -564,9 +564,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the forward on both sides (default backend: inductor); the routed ops "
                         "stay eager graph breaks, the glue between them is compiled")
-    p.add_argument("--fuse-glue", action="store_true",
-                   help="compile HF's RMS norms, RoPE and the dense MLP's act*up on both sides (wide.fuse_glue): "
-                        "seconds to compile, CUDA-graph capturable")
+    p.add_argument("--fuse-glue", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="compile HF's RMS norms, RoPE and the dense MLP's act*up on both sides (wide.fuse_glue; "
+                        "default backend: inductor): seconds to compile, CUDA-graph capturable")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--iters", type=int, default=5)
@@ -601,7 +601,7 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     if args.compile:
         print(f"both sides' forwards under torch.compile(backend={args.compile!r}); routed ops run as eager graph breaks")
     if args.fuse_glue:
-        print("both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue)")
+        print(f"both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue, {args.fuse_glue})")
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:

@@ -29,17 +29,18 @@ from typing import Callable
 import torch
 from torch import nn
 
-_COMPILED: dict[Callable, Callable] = {}
+_COMPILED: dict[tuple[Callable, str], Callable] = {}
 _ROPE = "apply_rotary_pos_emb"
 
 
-def _compiled(fn: Callable) -> Callable:
-    """One compiled wrapper per original function, shared by every module that runs it."""
-    if fn not in _COMPILED:
-        out = torch.compile(fn, fullgraph=True)
+def _compiled(fn: Callable, backend: str) -> Callable:
+    """One compiled wrapper per original function (and backend), shared by every module that runs it."""
+    key = (fn, backend)
+    if key not in _COMPILED:
+        out = torch.compile(fn, fullgraph=True, backend=backend)
         out._wide_original = fn  # also marks a module forward as fused (a bound method shows its attributes)
-        _COMPILED[fn] = out
-    return _COMPILED[fn]
+        _COMPILED[key] = out
+    return _COMPILED[key]
 
 
 def _hf_class(module: nn.Module, suffix: str) -> bool:
@@ -56,13 +57,16 @@ def _plain_mlp(module: nn.Module) -> bool:
             and all(type(getattr(module, n, None)) is nn.Linear for n in ("gate_proj", "up_proj", "down_proj")))
 
 
-def fuse_glue(model: nn.Module) -> dict[str, int]:
+def fuse_glue(model: nn.Module, backend: str = "inductor") -> dict[str, int]:
     """Compiles a model's RMS norms, RoPE and dense MLP glue in place (see the module docstring).
 
-    Idempotent; the parameters, state-dict keys and outputs do not change.
+    Idempotent (what is fused stays fused, with the backend it got first); the parameters, state-dict keys
+    and outputs do not change.
 
     Args:
         model: An HF causal LM, routed or not.
+        backend: ``torch.compile`` backend. ``inductor`` generates Triton kernels on a GPU (C++ on a CPU, which
+            needs a compiler); ``aot_eager`` traces the same graphs without generating code (tests).
 
     Returns:
         How many modules / functions were fused: ``{"norm": n, "rope": r, "mlp": m}``.
@@ -72,7 +76,7 @@ def fuse_glue(model: nn.Module) -> dict[str, int]:
         kind = "norm" if _hf_class(module, "RMSNorm") else "mlp" if _plain_mlp(module) else None
         if kind is not None:
             if not hasattr(module.forward, "_wide_original"):
-                module.forward = types.MethodType(_compiled(type(module).forward), module)
+                module.forward = types.MethodType(_compiled(type(module).forward, backend), module)
             counts[kind] += 1
         elif _hf_class(module, "Attention"):
             arch_module = sys.modules[type(module).__module__]
@@ -80,7 +84,7 @@ def fuse_glue(model: nn.Module) -> dict[str, int]:
             if rope is None:
                 continue
             if not hasattr(rope, "_wide_original"):
-                setattr(arch_module, _ROPE, _compiled(rope))
+                setattr(arch_module, _ROPE, _compiled(rope, backend))
             counts["rope"] += 1
     return counts
 

@@ -188,7 +188,7 @@ def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 
 def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
-         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool = False) -> nn.Module:
+         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool | str = False) -> nn.Module:
     """Restores a folder written by ``export`` onto its HF architecture: routed, eval mode, ready to generate.
 
     Args:
@@ -198,7 +198,8 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
         kernels: Route eval forwards through ``wide.kernels`` (``enable_kernels``).
         backend: Kernel backend (default: the exported ``WideConfig.backend``).
         fuse_glue: Compile the RMS norms and RoPE (`wide.modeling.fuse.fuse_glue`): fewer, fused launches
-            per decode step; the first forward at each new shape compiles.
+            per decode step; the first forward at each new shape compiles. ``True`` uses inductor; a string
+            names another ``torch.compile`` backend.
     """
     from transformers import AutoModelForCausalLM
 
@@ -218,5 +219,5 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
     if fuse_glue:
         from wide.modeling.fuse import fuse_glue as fuse
 
-        fuse(model)
+        fuse(model, "inductor" if fuse_glue is True else fuse_glue)
     return model
