@@ -51,6 +51,24 @@ def test_triton_partition_matches_torch(shape):
     assert torch.equal(perm, ref_perm) and torch.equal(counts, ref_counts)
 
 
+@pytest.mark.skipif(not __import__("os").environ.get("TRITON_INTERPRET"), reason="interpreter check")
+@pytest.mark.parametrize("shape", [(1, 8), (16, 112), (3, 1), (40, 300), (0, 5), (1, 1)], ids=str)
+@pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
+def test_triton_group_list_matches_torch(shape, density):
+    from wide.kernels.plan import _stable_partition
+    from wide.kernels.triton.plan import group_list
+
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(5)) < density
+    order, n = group_list(mask)
+    ref_perm, ref_n = _stable_partition(mask.any(0).view(1, -1, 1))
+    assert order.dtype == n.dtype == torch.int32
+    assert torch.equal(order, ref_perm.view(-1)) and torch.equal(n, ref_n.view(1))
+    strided = torch.rand(shape[1], max(shape[0], 1)).lt(density).t()[: shape[0]]  # a transposed (strided) mask
+    order, n = group_list(strided)
+    ref_perm, ref_n = _stable_partition(strided.any(0).view(1, -1, 1))
+    assert torch.equal(order, ref_perm.view(-1)) and torch.equal(n, ref_n.view(1))
+
+
 def test_density_hint_is_used_without_reading_the_mask(monkeypatch):
     from wide.kernels.plan import RoutingPlan
 

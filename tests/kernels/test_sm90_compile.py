@@ -161,8 +161,7 @@ def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
     cfg = cfg or gemm.default_k_config(M, N, K, group)
     mask = t(M, ng, dtype=torch.bool)
     if cfg.variant == "list":
-        perm, counts = plan.partition(mask.any(0).view(1, -1, 1))  # RoutingPlan.group_list()
-        glist, nlist = perm.view(-1), counts.view(1)
+        glist, nlist = plan.group_list(mask)  # RoutingPlan.group_list()
     else:
         glist = nlist = mask
     gemm.gemm_k(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist, group,
@@ -187,6 +186,8 @@ def decode(B, S, HQ, HK, D, gsize, lengths=False):
 
 case("plan", "partition T=16 (BLOCK 256)", plan.partition, t(1, 16, 224, dtype=torch.bool))
 case("plan", "partition T=4096 (BLOCK 1024)", plan.partition, t(2, 4096, 8, dtype=torch.bool))
+case("plan", "group list M=1 G=224", plan.group_list, t(1, 224, dtype=torch.bool))
+case("plan", "group list M=40 G=8", plan.group_list, t(40, 8, dtype=torch.bool))
 
 # Llama-3-8B layers: hidden 4096; FFN 14336 in 224 groups of 64 (swiglu + gemm_k on x already masked);
 # 32 query heads, 8 KV heads of 128, routed in groups of 4 heads = 512 channels of q_proj (gemm_mn) and
@@ -257,6 +258,7 @@ PATHS = {
     "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
+    "plan._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
 }
 
 

@@ -77,11 +77,20 @@ class RoutingPlan:
             n_needed: ``[1]`` int32, how many groups lead ``order``.
         """
         if "groups" not in self._cache:
-            needed = self.mask.reshape(-1, self.n_groups).any(0)
-            # the groups as the "tokens" of a single column: one Triton launch on CUDA (decode builds this
-            # list per layer and kind, where ~10 small torch launches would cost more than the GEMV saves)
-            perm, counts = _partition(needed.view(1, -1, 1))
-            self._cache["groups"] = (perm.view(-1), counts.view(1))
+            rows = self.mask.reshape(-1, self.n_groups)
+            # one Triton launch on CUDA (decode builds this list per layer and kind, where ~10 small torch
+            # launches would cost more than the GEMV saves)
+            triton_list = None
+            if rows.is_cuda:
+                try:
+                    from .triton.plan import group_list as triton_list
+                except ImportError:
+                    pass
+            if triton_list is not None:
+                self._cache["groups"] = triton_list(rows)
+            else:  # the groups as the "tokens" of a single column
+                perm, counts = _stable_partition(rows.any(0).view(1, -1, 1))
+                self._cache["groups"] = (perm.view(-1), counts.view(1))
         return self._cache["groups"]  # type: ignore[return-value]
 
     def density(self) -> float:

@@ -48,3 +48,38 @@ def partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     elif R * G:
         counts.zero_()
     return perm, counts
+
+
+@triton.jit
+def _group_list_kernel(mask_ptr, order_ptr, n_ptr, M, G, smm, smg, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    g = tl.arange(0, BLOCK_G)
+    gin = g < G
+    need = tl.zeros((BLOCK_G,), dtype=tl.int32)
+    for m0 in range(0, M, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        a = tl.load(mask_ptr + rows.to(tl.int64)[:, None] * smm + g[None, :] * smg,
+                    mask=(rows < M)[:, None] & gin[None, :], other=0)
+        need = tl.maximum(need, tl.max((a != 0).to(tl.int32), axis=0))
+    before = tl.cumsum(need, 0) - need  # needed groups before g
+    total = tl.sum(need, 0)
+    dest = tl.where(need != 0, before, total + g - before)
+    tl.store(order_ptr + dest, g, mask=gin)
+    tl.store(n_ptr, total)
+
+
+def group_list(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask [M, G]`` (bool) -> the groups some row needs, ascending, then the others (``[G]`` int32), and how
+    many are needed (``[1]`` int32): one launch (a decode step builds this per layer and kind; the any-reduce
+    and the partition were two)."""
+    M, G = mask.shape
+    m = mask.view(torch.uint8)
+    order = torch.empty(G, device=mask.device, dtype=torch.int32)
+    n = torch.empty(1, device=mask.device, dtype=torch.int32)
+    if G == 0:
+        n.zero_()
+        return order, n
+    block_g = triton.next_power_of_2(G)
+    block_m = max(1, min(triton.next_power_of_2(max(M, 1)), 16, 8192 // block_g))
+    _group_list_kernel[(1,)](m, order, n, M, G, m.stride(0), m.stride(1), BLOCK_M=block_m, BLOCK_G=block_g,
+                             num_warps=4)
+    return order, n
