@@ -64,6 +64,7 @@ def test_eos_pads_finished_rows_and_stops_when_all_finish():
     (dict(eos_token_id=-1), "eos_token_id"),
     (dict(max_cache_len=4), "max_cache_len"),
     (dict(graphs=True), "graphs"),
+    (dict(check_every=0), "check_every"),
 ])
 def test_bad_input_names_the_field(kwargs, field):
     model = _routed()
@@ -71,6 +72,14 @@ def test_bad_input_names_the_field(kwargs, field):
     args.update(kwargs)
     with pytest.raises(ValueError, match=field):
         wide.generate(model, **args)
+
+
+def test_enable_kernels_turns_off_hf_auto_compile():
+    model = tiny_model("llama")
+    assert not model.generation_config.disable_compile
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32))
+    enable_kernels(model, "torch")
+    assert model.generation_config.disable_compile
 
 
 def test_training_mode_is_refused():

@@ -15,13 +15,15 @@ BENCHMARKS.md time; sampling, padding and stopping strings stay with HF ``genera
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 from torch import nn
 
 
-def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_cache_len: Optional[int]) -> None:
+def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_cache_len: Optional[int],
+           check_every: int) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids: must be an int64 tensor [B, T] of unpadded rows, got "
                          f"{type(input_ids).__name__} {getattr(input_ids, 'shape', '')} {getattr(input_ids, 'dtype', '')}")
@@ -42,6 +44,8 @@ def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_c
     if max_cache_len is not None and max_cache_len < need:
         raise ValueError(f"max_cache_len: {max_cache_len} cannot hold the prompt ({input_ids.shape[1]}) and "
                          f"max_new_tokens ({max_new_tokens})")
+    if not isinstance(check_every, int) or check_every < 1:
+        raise ValueError(f"check_every: must be an int >= 1, got {check_every!r}")
     if model.training:
         raise ValueError("model: in training mode; call model.eval() first (routed kernels run in eval only)")
 
@@ -69,7 +73,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
     """
     from transformers import StaticCache
 
-    _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len)
+    _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len, check_every)
     dev = input_ids.device
     B, T = input_ids.shape
     graphs = dev.type == "cuda" if graphs is None else graphs
@@ -115,9 +119,17 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
             emit(i, static_logits)
         elif graphs and i == 1:
             # step 0 ran eagerly (compiled the kernels, made their buffers): capture this one, then replay it
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_logits = step()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static_logits = step()
+            except Exception as err:  # noqa: BLE001 - something in the step syncs with the host: decode eagerly
+                warnings.warn(f"wide.generate: the decode step could not be captured in a CUDA graph "
+                              f"({type(err).__name__}: {str(err)[:200]}); decoding eagerly", stacklevel=3)
+                graph, graphs = None, False
+                torch.cuda.synchronize()
+                emit(i, step())
+                continue
             graph.replay()
             emit(i, static_logits)
         elif graphs:

@@ -124,6 +124,8 @@ def _routed_layers(model: nn.Module):
 def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module:
     """Runs eval-mode forwards of a routed model through ``wide.kernels`` (see the module docstring).
 
+    Also turns off HF ``generate``'s automatic ``torch.compile`` of static-cache decoding (see the comment).
+
     Args:
         model: A model routed by ``apply_wide``; LoRA adapters, if any, are merged first.
         backend: ``auto`` (triton on CUDA, torch elsewhere), ``torch``, ``gather`` or ``triton``;
@@ -132,6 +134,13 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
     runtime_of(model)
     backend = backend or model.wide_config.backend
     merge_lora(model)
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None:
+        # HF generate compiles the whole forward by itself for a static cache on a GPU; over the routed ops'
+        # graph breaks (~8 per layer, frames recompiled per layer) that takes minutes on large models and then
+        # falls back to eager past dynamo's recompile limit. Decode with CUDA graphs through `wide.generate`,
+        # or set ``model.generation_config.disable_compile = False`` to let HF try.
+        gen_cfg.disable_compile = True
     for layer, wl, arch in _routed_layers(model):
         wl.backend = backend
         wl.kernels_enabled = True
