@@ -200,9 +200,11 @@ def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model
         for router in r.routers.values():
             for p in router.parameters():
                 p.data.normal_(0, 0.5)  # untrained routers are near-constant: spread their decisions
-    rows = decode_quality(model, tok, batch=4, prefix=4, steps=3, n_seqs=4, docs=[TINY_TEXT] * 4)
+    rows = decode_quality(model, tok, batch=4, prefix=4, steps=3, n_seqs=4, docs=[TINY_TEXT] * 4,
+                          keep_scales=(1.0, 2.0))
     by = {r["routing"]: r for r in rows}
-    assert set(by) == {"dense", "per-token", "coherent"} and all(r["nll"] > 0 for r in rows)
+    assert set(by) == {"dense", "per-token", "coherent", "coherent x2"} and all(r["nll"] > 0 for r in rows)
+    assert by["coherent x2"]["row_runs"] >= by["coherent"]["row_runs"]  # twice the count (capped at every group)
     assert by["dense"]["row_runs"] == by["dense"]["weights_read"] == 1.0
     assert 0 < by["per-token"]["row_runs"] < 1 and by["per-token"]["weights_read"] >= by["per-token"]["row_runs"]
     assert abs(by["coherent"]["weights_read"] - by["coherent"]["row_runs"]) < 1e-6

@@ -375,7 +375,8 @@ def run(args) -> list[dict]:
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
     routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
-    variants = [("per-token", None)] + ([("coherent", args.coherent_refresh)] if args.coherent else [])
+    variants = [("per-token", None, 1.0)] + ([(_coherent_name(s), args.coherent_refresh, s)
+                                              for s in args.coherent_keep_scale] if args.coherent else [])
     for s in sparsities:
         if not args.checkpoint:
             for r in routers:
@@ -388,8 +389,8 @@ def run(args) -> list[dict]:
                 mode = dmode if dmode == rmode else f"dense {dmode} / routed {rmode}"
                 rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized,
                                  routing="per-token", dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
-        for name, refresh in variants:
-            wide.modeling.inference.set_coherent_decode(model, refresh, args.coherent_memory)
+        for name, refresh, scale in variants:
+            wide.modeling.inference.set_coherent_decode(model, refresh, args.coherent_memory, keep_scale=scale)
             for b in args.decode_batch:
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
                 ms = timed(runner.step, warmup=3, iters=args.iters * 4)
@@ -439,14 +440,20 @@ def decode_nll(model, ids: torch.Tensor, prefix: int, usage: Optional[list] = No
     return total / count
 
 
+def _coherent_name(scale: float) -> str:
+    return "coherent" if scale == 1.0 else f"coherent x{scale:g}"
+
+
 def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_seqs: int,
-                   refresh: int = 1, memory: float = 0.0, docs: Optional[list[str]] = None) -> list[dict]:
+                   refresh: int = 1, memory: float = 0.0, docs: Optional[list[str]] = None,
+                   keep_scales: tuple = (1.0,)) -> list[dict]:
     """Decode-time quality of per-token vs batch-coherent routing (and dense), on held-out prose.
 
     Sequences of ``prefix + steps`` tokens from the default corpus's validation split are decoded
     teacher-forced in batches of ``batch``; the NLL of the ``steps`` decode-time tokens is reported, with
     the share of routed groups a row runs and the share some row of the step runs (the weights a decode
-    step reads), averaged over layers, kinds and steps. ``docs`` replaces the corpus (tests).
+    step reads), averaged over layers, kinds and steps. ``docs`` replaces the corpus (tests). One coherent row
+    per ``keep_scales`` entry (``CoherentDecode.keep_scale``).
     """
     import math
 
@@ -471,11 +478,12 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
                    for i in range(0, len(data), batch)) / math.ceil(len(data) / batch)
 
     rows = []
-    for name in ("dense", "per-token", "coherent"):
+    variants = [("dense", 1.0), ("per-token", 1.0)] + [(_coherent_name(s), s) for s in keep_scales]
+    for name, scale in variants:
         for wl in runtime.layers:
             wl.forced = ({k: torch.ones(1, 1, s.num_groups, device=dev) for k, s in wl.slots.items()}
                          if name == "dense" else {})
-        set_coherent_decode(model, refresh if name == "coherent" else None, memory)
+        set_coherent_decode(model, refresh if name.startswith("coherent") else None, memory, keep_scale=scale)
         usage: list = []
         nll = measure(usage)
         run = sum(u[0] for u in usage) / max(1, len(usage))
@@ -532,7 +540,8 @@ def quality_main(args) -> int:
     rows = []
     for b in args.decode_batch:
         rows += decode_quality(model, tok, batch=b, prefix=args.quality_prefix, steps=args.quality_steps,
-                               n_seqs=args.quality_seqs, refresh=args.coherent_refresh, memory=args.coherent_memory)
+                               n_seqs=args.quality_seqs, refresh=args.coherent_refresh, memory=args.coherent_memory,
+                               keep_scales=tuple(args.coherent_keep_scale))
     print("| routing | batch | decode-token NLL | perplexity | groups a row runs | groups read (any row) | "
           "sequences x steps |\n|---|---|---|---|---|---|---|")
     for r in rows:
@@ -558,6 +567,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
     p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
     p.add_argument("--coherent-refresh", type=int, default=1)
+    p.add_argument("--coherent-keep-scale", type=float, nargs="+", default=[1.0],
+                   help="coherent decode keeps this multiple of the rows' mean group count (one row per value)")
     p.add_argument("--coherent-memory", type=float, default=0.0,
                    help="coherent decode's EMA memory (0: the current batch's scores only)")
     p.add_argument("--no-graphs", action="store_true")
@@ -586,6 +597,9 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
         for v in getattr(args, name):
             if not 0 <= v < 1:
                 raise SystemExit(f"wide bench: --sparsity values must be in [0, 1), got {v}")
+    for v in args.coherent_keep_scale:
+        if not 0 < v <= 16:
+            raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
     t0 = time.time()
     if args.quality:
         return quality_main(args)

@@ -145,6 +145,17 @@ def test_coherent_reference_keep_none_follows_the_rows_own_counts():
     assert int(sel.sum()) == 1
 
 
+@pytest.mark.parametrize("scale,expect", [(1.0, 3), (1.5, 4), (0.5, 1), (0.3, 1), (16.0, 8), (1.2, 3)])
+def test_coherent_keep_scale_multiplies_the_rows_mean_count(scale, expect):
+    """Counts 3 and 2 (mean 2.5) times the scale, rounded half up, within [1, G]."""
+    ema, sel, step = _state(8)
+    m = torch.full((2, 8), -1.0)
+    m[0, :3] = 1.0
+    m[1, :2] = 1.0
+    kernels.coherent_select(m, ema, sel, step, keep=None, keep_scale=scale, backend="torch")
+    assert int(sel.sum()) == expect
+
+
 def test_coherent_ties_go_to_the_lower_index():
     ema, sel, step = _state(6)
     kernels.coherent_select(torch.zeros(2, 6), ema, sel, step, keep=2, backend="torch")
@@ -163,6 +174,25 @@ def test_triton_coherent_select_matches_reference(batch, groups, keep, memory, r
     for (e1, s1, n1), (e2, s2, n2) in zip(ref, got):
         torch.testing.assert_close(e2, e1, rtol=1e-6, atol=1e-7)
         assert n1 == n2 and torch.equal(s1, s2)
+
+
+@INTERPRET
+@pytest.mark.parametrize("batch,groups", [(1, 7), (5, 70), (16, 448), (3, 2)])
+@pytest.mark.parametrize("scale", [0.5, 1.25, 2.0, 16.0])
+def test_triton_coherent_keep_scale_matches_reference(batch, groups, scale):
+    torch.manual_seed(batch + groups)
+    margins = [torch.randn(batch, groups) * 2 for _ in range(3)]
+
+    def run(backend):
+        ema, sel, step = _state(groups)
+        out = []
+        for m in margins:
+            kernels.coherent_select(m, ema, sel, step, keep=None, keep_scale=scale, backend=backend)
+            out.append(sel.clone())
+        return out
+
+    for a, b in zip(run("torch"), run("triton")):
+        assert torch.equal(a, b)
 
 
 @INTERPRET
@@ -187,6 +217,11 @@ def test_coherent_select_rejects_bad_state():
         kernels.coherent_select(m, ema, sel, step, keep=1, memory=1.0)
     with pytest.raises(ValueError, match="margin"):
         kernels.coherent_select(m[:0], ema, sel, step, keep=1)
+    for bad in (0.0, 17.0, 0.001):
+        with pytest.raises(ValueError, match="keep_scale"):
+            kernels.coherent_select(m, ema, sel, step, keep=None, keep_scale=bad)
+    with pytest.raises(ValueError, match="keep_scale"):
+        kernels.coherent_select(m, ema, sel, step, keep=1, keep_scale=1.5)
 
 
 def test_arrival_counters_grow_without_freeing_what_a_graph_may_hold():

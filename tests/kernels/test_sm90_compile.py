@@ -113,7 +113,7 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
             sig, consts)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
-           "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32",
+           "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32", "scale64": "i32",
            "ADAPTIVE": "constexpr", "BLOCK_G": "constexpr", "BLOCK_J": "constexpr"}
     for adaptive in (False, True):
         job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive}", sig,

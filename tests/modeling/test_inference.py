@@ -248,3 +248,9 @@ def test_coherent_decode_keeps_as_many_groups_as_the_rows_run(backend):
     assert CoherentDecode().select({}, none, target=0.5, backend=backend).sum(-1).eq(1).all()
     with pytest.raises(ValueError, match="keep"):
         CoherentDecode(keep="all")
+    # keep_scale 1.5: 4.33 x 1.5 = 6.5 -> 7 groups, the six that some row runs first
+    sel = CoherentDecode(memory=0.0, keep_scale=1.5).select({}, margin, target=0.5, backend=backend)
+    assert (sel.sum(-1) == 7).all() and sel[0, 0, :6].all()
+    for bad in (dict(keep_scale=0.0), dict(keep_scale=20.0), dict(keep="target", keep_scale=2.0)):
+        with pytest.raises(ValueError, match="keep_scale"):
+            CoherentDecode(**bad)

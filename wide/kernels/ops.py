@@ -224,14 +224,15 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
 
 @torch.compiler.disable
 def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.0, refresh_every: int = 1,
-                    backend: str = "auto"):
+                    keep_scale: float = 1.0, backend: str = "auto"):
     """One decode step of batch-coherent routing, updating its state in place (no host sync).
 
     ``ema <- lerp(ema, mean_b sigmoid(margin), 1 - memory)``; on steps where ``step % refresh_every == 0``
     the ``keep`` groups with the highest EMA (ties: lower index) become the ``selection``; ``step += 1``.
     ``keep=None`` takes it from the step itself, on the device: the rows' mean count of groups whose own
     decision executes (``margin >= 0``), rounded half up, at least 1 — so a layer keeps as many groups as its
-    router runs per token, whatever rate it learned there.
+    router runs per token, whatever rate it learned there; ``keep_scale`` multiplies that count before the
+    rounding (at most ``G``): above 1 a step reads more weights and drops fewer of the groups its rows want.
 
     Args:
         margin: ``[B, G]`` execute-minus-skip margins of the step's rows.
@@ -241,6 +242,7 @@ def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: f
         keep: groups to select, ``1 <= keep <= G``, or None (the rows' mean executing count).
         memory: EMA decay in ``[0, 1)``.
         refresh_every: steps between selections, ``>= 1``.
+        keep_scale: factor on the adaptive count (``keep=None`` only), in ``(0, 16]``, taken in steps of 1/64.
         backend: as in `gemm_mn`.
 
     Returns:
@@ -258,9 +260,13 @@ def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: f
         raise ValueError(f"coherent_select: step must be an int64 scalar tensor, got {step.dtype} {tuple(step.shape)}")
     if keep is not None and not 1 <= keep <= g:
         raise ValueError(f"coherent_select: keep must be None or in [1, {g}], got {keep}")
+    if not 0.0 < keep_scale <= 16.0 or round(keep_scale * 64) < 1:
+        raise ValueError(f"coherent_select: keep_scale must be in (0, 16] (steps of 1/64), got {keep_scale!r}")
+    if keep is not None and keep_scale != 1.0:
+        raise ValueError("coherent_select: keep_scale scales the adaptive count: pass keep=None with it")
     if not 0.0 <= memory < 1.0 or refresh_every < 1:
         raise ValueError(f"coherent_select: memory must be in [0, 1) and refresh_every >= 1, got {memory}, "
                          f"{refresh_every}")
     call = dict(margin=margin, ema=ema, selection=selection, step=step)
     return dispatch.choose("coherent_select", backend, call, margin.device).coherent_select(
-        margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every)
+        margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every, keep_scale=keep_scale)

@@ -164,13 +164,13 @@ def set_kernels(model: nn.Module, enabled: bool) -> None:
 
 
 def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.0,
-                        keep: str = "router") -> None:
-    """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``, ``keep`` rule: see
-    `wide.modeling.runtime.CoherentDecode`) or off (``None``)."""
+                        keep: str = "router", keep_scale: float = 1.0) -> None:
+    """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``, ``keep`` rule and its
+    ``keep_scale``: see `wide.modeling.runtime.CoherentDecode`) or off (``None``)."""
     from wide.modeling.runtime import CoherentDecode
 
     rt = runtime_of(model)
-    rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory, keep)
+    rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory, keep, keep_scale)
     for wl in rt.layers:
         wl._coherent = {}
 

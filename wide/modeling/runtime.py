@@ -70,11 +70,14 @@ class CoherentDecode:
         memory: EMA decay of the per-group score (0, the default: no memory — measured best at refresh 1,
             BENCHMARKS.md "Batch-coherent decode: quality cost").
         keep: ``"router"`` or ``"target"`` (see above).
+        keep_scale: With ``keep="router"``, keep this multiple of the rows' mean count (rounded half up, at
+            most every group): above 1 a step reads more weights and drops fewer of the groups its rows want.
     """
 
     refresh_every: int = 1
     memory: float = 0.0
     keep: str = "router"
+    keep_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.refresh_every, int) and self.refresh_every >= 1):
@@ -83,6 +86,10 @@ class CoherentDecode:
             raise ValueError(f"memory: must be in [0, 1), got {self.memory!r}")
         if self.keep not in ("router", "target"):
             raise ValueError(f"keep: must be 'router' or 'target', got {self.keep!r}")
+        if not (isinstance(self.keep_scale, (int, float)) and 0.0 < self.keep_scale <= 16.0):
+            raise ValueError(f"keep_scale: must be in (0, 16], got {self.keep_scale!r}")
+        if self.keep != "router" and self.keep_scale != 1.0:
+            raise ValueError("keep_scale: scales keep='router' only")
 
     def select(self, state: dict, margin: torch.Tensor, target: float, backend: str = "torch") -> torch.Tensor:
         """``margin [B, 1, G]`` (execute minus skip logit) -> the shared execute mask ``[B, 1, G]`` (bool).
@@ -101,7 +108,8 @@ class CoherentDecode:
             state["selection"] = torch.zeros(g, dtype=torch.bool, device=margin.device)
             state["step"] = torch.zeros((), dtype=torch.int64, device=margin.device)
         sel = coherent_select(margin, state["ema"], state["selection"], state["step"], keep=keep,
-                              memory=self.memory, refresh_every=self.refresh_every, backend=backend)
+                              memory=self.memory, refresh_every=self.refresh_every,
+                              keep_scale=self.keep_scale if keep is None else 1.0, backend=backend)
         return sel.expand(b, 1, g)
 
 

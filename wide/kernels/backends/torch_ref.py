@@ -107,12 +107,12 @@ class TorchBackend(KernelBackend):
             m = F.linear(m, up, bias)
         return m >= 0 if decide else m.float()
 
-    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1):
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
         order = torch.sort(ema, descending=True, stable=True).indices  # ties: lower index first
-        if keep is None:  # the rows' mean executing count, rounded half up, on the device (no host sync)
-            b = margin.shape[0]
-            keep = (2 * (margin >= 0).sum() + b).div(2 * b, rounding_mode="floor").clamp_min(1)
+        if keep is None:  # the rows' mean executing count (times the scale), rounded half up, on the device
+            b, g, s64 = margin.shape[0], margin.shape[1], round(keep_scale * 64)  # integer math: exact everywhere
+            keep = (2 * s64 * (margin >= 0).sum() + 64 * b).div(128 * b, rounding_mode="floor").clamp(1, g)
         # the first ``keep`` places of the ranking, scattered back to their groups
         fresh = torch.zeros_like(selection).scatter_(0, order, torch.arange(order.numel(), device=order.device) < keep)
         if refresh_every == 1:

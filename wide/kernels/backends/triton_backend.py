@@ -265,10 +265,10 @@ class TritonBackend(KernelBackend):
         out = tr.router_margin(x2, down, up, bias, normalize, eps, decide)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1):
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0):
         from ..triton import router as tr
 
-        return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every)
+        return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every, keep_scale)
 
     def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None):
         from ..triton import attention as ta

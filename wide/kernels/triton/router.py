@@ -117,7 +117,7 @@ def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight):
 
 
 @triton.jit
-def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep, refresh_every,
+def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep, refresh_every, scale64,
                      ADAPTIVE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
     # one program: G is the number of groups of one layer and kind (tens to hundreds)
     g = tl.arange(0, BLOCK_G)
@@ -132,12 +132,13 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
         ej = _updated_ema(m_ptr, ema_ptr, j, jin, B, smb, weight)
         ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
         rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
-    if ADAPTIVE:  # keep = the rows' mean count of executing groups, rounded half up, at least 1
+    if ADAPTIVE:  # keep = the rows' mean count of executing groups x scale64 / 64, rounded half up, in [1, G]
         runs = tl.zeros([BLOCK_G], dtype=tl.int32)
         for b in range(0, B):
             mb = tl.load(m_ptr + b * smb + g, mask=gin, other=-1.0)
             runs += ((mb >= 0) & gin).to(tl.int32)
-        keep = tl.maximum((2 * tl.sum(runs, axis=0) + B) // (2 * B), 1)
+        total = tl.sum(runs, axis=0).to(tl.int64)
+        keep = tl.minimum(tl.maximum((2 * scale64 * total + 64 * B) // (128 * B), 1), G)
     step = tl.load(step_ptr)
     fresh = (rank < keep).to(tl.uint8)
     sel = tl.load(sel_ptr + g, mask=gin, other=0)
@@ -148,7 +149,7 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
 
 
 def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Tensor, step: torch.Tensor,
-                    keep: int | None, memory: float, refresh_every: int) -> torch.Tensor:
+                    keep: int | None, memory: float, refresh_every: int, keep_scale: float = 1.0) -> torch.Tensor:
     """In place over ``ema`` / ``selection`` / ``step``; see `wide.kernels.coherent_select`."""
     B, G = margin.shape
     if G:
@@ -156,5 +157,5 @@ def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Te
         block_j = max(16, min(block_g, 8192 // block_g))
         _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, B, G, margin.stride(0),
                                1.0 - float(memory), int(keep) if keep is not None else 0, int(refresh_every),
-                               ADAPTIVE=keep is None, BLOCK_G=block_g, BLOCK_J=block_j, num_warps=4)
+                               round(keep_scale * 64), ADAPTIVE=keep is None, BLOCK_G=block_g, BLOCK_J=block_j, num_warps=4)
     return selection
