@@ -47,7 +47,7 @@ _bench)
   python3 benchmarks/gemv_sweep.py --m 16 2>&1 | tee /tmp/res/gemv_sweep_m16.txt
   python3 benchmarks/generate_speed.py --batch 1 16 2>&1 | tee /tmp/res/generate_speed.txt
   python3 benchmarks/generate_speed.py --batch 16 --coherent 2>&1 | tee /tmp/res/generate_speed_coherent.txt
-  python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
+  python3 benchmarks/kernels.py --ops router_margin,coherent_select,gemm_k_sorted --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.0 --layers 8 2>&1 | tee /tmp/res/profile_4k_0.txt

@@ -225,9 +225,11 @@ def time_plan(mask, flat):
 
 
 def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, config=None,
-             x_masked: bool = False) -> dict:
+             x_masked: bool = False, patterns: int | None = None) -> dict:
     """One gemm row; ``x_masked`` times gemm_k on an input that is already zero in masked groups (the
-    down projection after SwiGLU), with the op told so."""
+    down projection after SwiGLU), with the op told so. ``patterns``: structured masks, every token a copy
+    of one of that many random rows (what trained routers would need to give for the reduction-side GEMMs
+    to skip work at prefill: gemm_k then takes the pattern-sorted tiles when they need few enough groups)."""
     M = small_size(M, 40)
     small = M <= 128
     if op == "gemm_k":
@@ -237,6 +239,9 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
     x = torch.randn(M, K, device=DEV, dtype=DT)
     w = torch.randn(N, K, device=DEV, dtype=DT) / math.sqrt(K)
     mask = rand_mask((M, (N if op != "gemm_k" else K) // group), density, seed=M + group)
+    if patterns:
+        pick = torch.randint(0, patterns, (M,), generator=torch.Generator().manual_seed(M)).to(DEV)
+        mask = rand_mask((patterns, mask.shape[1]), density, seed=M + group + 1)[pick]
     plan = make_plan(mask).materialize(flat=True)
     tb, gb, rb = get_backend("triton"), get_backend("gather"), get_backend("torch")
     extra = {}
@@ -257,6 +262,11 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
         if x_masked:
             x = x * mask.repeat_interleave(group, -1).to(x.dtype)
             extra["x_masked"] = True
+        if patterns:
+            from wide.kernels.triton.gemm import sorted_k_config
+
+            extra["patterns"] = patterns
+            extra["sorted_tile_share"] = round(plan.tile_share(sorted_k_config(M, N, K, group).block_m), 3)
         dense_name, dense_ms, _ = best_dense({"F.linear": lambda: F.linear(x, w)}, small, ("k", M))
         routed = lambda: tb.gemm_k(x, w, mask, plan=plan, config=config, x_masked=x_masked)  # noqa: E731
         gathered = lambda: gb.gemm_k(x, w, mask, plan=plan)  # noqa: E731
@@ -270,8 +280,13 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
 
     needs_plan = op != "gemm_k" and M > DIRECT_MAX_M  # direct and gemm_k kernels read the mask itself
     plan_ms = time_plan(mask, True) if needs_plan else 0.0
-    return row(op + ("(x_masked)" if x_masked else ""), M, density, dense_name, dense_ms, routed_ms, gather_ms,
-               plan_ms, err, extra, group)
+    if patterns:  # the sorted tiles' plan (one argsort, a gather, a partition) is built per layer
+        from wide.kernels.triton.gemm import sorted_k_config
+
+        bm = sorted_k_config(M, N, K, group).block_m
+        plan_ms = bench_eager(lambda: make_plan(mask).tile_order(bm), rep_ms=50)
+    name = op + ("(x_masked)" if x_masked else "") + (f"(sorted, {patterns} patterns)" if patterns else "")
+    return row(name, M, density, dense_name, dense_ms, routed_ms, gather_ms, plan_ms, err, extra, group)
 
 
 def run_prefill(T: int, gsize: int, density: float, with_gather: bool, config=None, B: int = 1) -> dict:
@@ -392,6 +407,9 @@ def main_table(args) -> list[dict]:
                     jobs.append(("gemm", op, M, g, 0.5))
     for M in (4096, 16384):
         jobs.append(("gemm_xm", "gemm_k", M, 128, 0.5))
+    for M in (4096, 16384):  # structured masks: gemm_k on pattern-sorted tiles
+        for d, pats in ((0.5, 4), (0.5, 16), (0.25, 4)):
+            jobs.append(("gemm_sorted", "gemm_k_sorted", M, 128, d, pats))
     for T in ([4096, 16384] if quick else [1024, 4096, 16384]):
         jobs.append(("prefill", T, 4, 0.5))
         if not quick:
@@ -421,7 +439,7 @@ def main_table(args) -> list[dict]:
             jobs.append(("gemm", "gemm_k", 1, 128, d))
     if args.ops:
         wanted = set(args.ops.split(","))
-        jobs = [j for j in jobs if (j[1] if j[0] in ("gemm", "gemm_xm", "routing") else j[0]) in wanted]
+        jobs = [j for j in jobs if (j[1] if j[0] in ("gemm", "gemm_xm", "gemm_sorted", "routing") else j[0]) in wanted]
     print(HEADER, flush=True)
     for job in jobs:
         t0 = time.time()
@@ -430,6 +448,9 @@ def main_table(args) -> list[dict]:
             if job[0] == "gemm":
                 _, op, M, g, d = job
                 r = run_gemm(op, M, g, d, with_gather=with_gather and d == 0.5 and M <= 16384)
+            elif job[0] == "gemm_sorted":
+                _, _, M, g, d, pats = job
+                r = run_gemm("gemm_k", M, g, d, with_gather=False, x_masked=True, patterns=pats)
             elif job[0] == "gemm_xm":
                 _, op, M, g, d = job
                 r = run_gemm(op, M, g, d, with_gather=False, x_masked=True)

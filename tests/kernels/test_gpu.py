@@ -62,6 +62,33 @@ def test_gemm_k(M, group):
     assert torch.equal(again, out), "gemm_k is not deterministic"
 
 
+@pytest.mark.parametrize("M", [1000, 4096])
+@pytest.mark.parametrize("split", [1, 2])
+def test_gemm_k_sorted_tiles_on_structured_masks(M, split):
+    """Tokens of a few kinds (each running its own quarter of the groups): the default dispatch takes the
+    pattern-sorted tiles (share well under K_SORTED_MAX_SHARE), and a split-K config agrees with it."""
+    from wide.kernels.triton import gemm as tg
+
+    dtype = torch.bfloat16
+    K, N, group = 14336, 4096, 128
+    G = K // group
+    gen = torch.Generator(device=DEV).manual_seed(M)
+    pats = torch.rand(4, G, generator=gen, device=DEV) < 0.25
+    mask = pats[torch.randint(0, 4, (M,), generator=gen, device=DEV)]
+    x = torch.randn(M, K, device=DEV, dtype=dtype)
+    w = torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5
+    plan = make_plan(mask)
+    ref = get_backend("torch").gemm_k(x.float(), w.float(), mask)
+    out = poisoned(ref.shape, dtype, DEV)
+    cfg = None
+    if split > 1:
+        c = tg.sorted_k_config(M, N, K, group)
+        cfg = tg.GemmConfig(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, split_k=split, variant="sorted")
+    wk.gemm_k(x, w, mask, plan=plan, out=out, config=cfg)
+    check(out, ref, dtype, None, "gemm_k sorted")
+    assert plan.tile_share(128) <= tg.K_SORTED_MAX_SHARE
+
+
 @pytest.mark.parametrize("T,S,HQ,HK,gsize,D", [
     (1000, 1000, 32, 8, 4, 128),
     (777, 1500, 32, 8, 2, 128),

@@ -134,3 +134,68 @@ def test_hinted_plan_picks_the_dense_path_under_stream_capture(monkeypatch, hint
     out = kernels.gemm_mn(x, w, mask, plan=make_plan(mask, density_hint=hint), backend="triton")
     torch.testing.assert_close(out, kernels.gemm_mn(x, w, mask, backend="torch"), atol=1e-4, rtol=1e-4)
     assert used == (["dense"] if path == "dense" else [])
+
+
+@pytest.mark.parametrize("M,G,block", [(1, 1, 16), (37, 5, 16), (64, 3, 32), (70, 70, 16)], ids=str)
+@pytest.mark.parametrize("kind", ["off", "on", "random", "patterns"])
+def test_tile_order_lists_each_tiles_needed_groups(M, G, block, kind):
+    gen = torch.Generator().manual_seed(M * G)
+    if kind == "patterns":  # few distinct rows: sorting must put equal rows together
+        pats = torch.rand(3, G, generator=gen) < 0.5
+        mask = pats[torch.randint(0, 3, (M,), generator=gen)]
+    else:
+        mask = torch.rand(M, G, generator=gen) < {"off": 0.0, "on": 1.1, "random": 0.5}[kind]
+    plan = make_plan(mask.view(1, M, G))
+    rows, tile_list, tile_count = plan.tile_order(block)
+    n_tiles = -(-M // block)
+    assert rows.dtype == tile_list.dtype == tile_count.dtype == torch.int32
+    assert sorted(rows.tolist()) == list(range(M))  # a permutation of the tokens
+    assert tile_list.shape == (n_tiles, G) and tile_count.shape == (n_tiles,)
+    for i in range(n_tiles):
+        need = mask[rows[i * block:(i + 1) * block].long()].any(0)
+        expect = torch.cat([torch.nonzero(need).view(-1), torch.nonzero(~need).view(-1)])
+        assert tile_count[i] == int(need.sum()) and torch.equal(tile_list[i].long(), expect)
+    share = plan.tile_share(block)
+    assert share == pytest.approx(float(tile_count.sum()) / (n_tiles * G))
+    assert plan.tile_order(block)[0] is rows  # cached per block size
+    if kind == "patterns":  # sorted, each pattern occupies one run of rows: at most one mixed tile per boundary
+        runs = sum(1 for i in range(1, M) if not torch.equal(mask[rows[i]], mask[rows[i - 1]]))
+        assert runs <= 2
+    if kind in ("off", "on"):
+        assert share == (0.0 if kind == "off" else 1.0)
+
+
+def test_tile_order_rejects_bad_block():
+    with pytest.raises(ValueError, match="block_m"):
+        make_plan(torch.ones(4, 3, dtype=torch.bool)).tile_order(0)
+
+
+@pytest.mark.parametrize("kind, path", [("patterns", "sorted"), ("random", "premask"), ("on", "premask")])
+@pytest.mark.parametrize("capturing", [False, True])
+def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch, kind, path, capturing):
+    """Where the dense path would run, masks whose sorted tiles need few groups take gemm_k_sorted instead
+    (decided from one host read of the plan); random or full masks, and any call under capture, stay dense."""
+    from wide import kernels
+    from wide.kernels.backends import triton_backend
+    from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(16, 16, 16, variant="premask"))
+    monkeypatch.setattr(triton_backend, "_capturing", lambda t: capturing)
+    used = []
+    real = tg.gemm_k_sorted
+    monkeypatch.setattr(tg, "gemm_k_sorted", lambda *a, **k: used.append("sorted") or real(*a, **k))
+    g = torch.Generator().manual_seed(2)
+    G, M = 8, 96
+    if kind == "patterns":  # two kinds of token, each running 2 of 8 groups
+        pats = torch.zeros(2, G, dtype=torch.bool)
+        pats[0, :2] = pats[1, 5:7] = True
+        mask = pats[torch.randint(0, 2, (M,), generator=g)]
+    else:
+        mask = torch.rand(M, G, generator=g) < (0.5 if kind == "random" else 1.1)
+    x, w, b = torch.randn(M, G * 16, generator=g), torch.randn(24, G * 16, generator=g), torch.randn(24, generator=g)
+    plan = make_plan(mask)
+    out = kernels.gemm_k(x, w, mask, bias=b, plan=plan, backend="triton")
+    torch.testing.assert_close(out, kernels.gemm_k(x, w, mask, bias=b, backend="torch"), atol=1e-4, rtol=1e-4)
+    assert used == (["sorted"] if path == "sorted" and not capturing else [])
+    if kind == "patterns":
+        assert plan.tile_share(16) <= 0.25 + 1 / 6  # 6 tiles, at most one mixed

@@ -117,11 +117,15 @@ def test_gemm_k(seed):
     w = (torch.randn(N, K, generator=gen) / K**0.5).to(dtype)
     bias = torch.randn(N, generator=gen).to(dtype) if rng.random() < 0.5 else None
     mask = random_mask((*lead, ng), _density(rng), gen)
+    if rng.random() < 0.3:  # structured: rows drawn from a few patterns (what the sorted variant is for)
+        pats = random_mask((rng.randint(1, 3), ng), _density(rng), gen)
+        mask = pats[torch.randint(0, pats.shape[0], lead, generator=gen)]
     config = None
     if rng.random() < 0.6:
         bm = 1 if (M == 1 and rng.random() < 0.7) else rng.choice([16, 32])
-        variant = rng.choice(["", "list", "premask"])
+        variant = rng.choice(["", "list", "premask", "sorted"])
         bk = 32 if (variant == "" and K % 32 == 0) else 16  # affine chunks may span several groups
+        bm = 16 if (variant == "sorted" and bm == 1) else bm  # sorted tiles go through tl.dot
         config = GemmConfig(bm, rng.choice([16, 32]), bk, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]),
                             variant=variant)
     x_masked = rng.random() < 0.3  # x as gemm_mn/swiglu leave it: zero in masked groups

@@ -209,6 +209,26 @@ for M in (1, 16, 128, 4096):  # GEMV (affine / group list) + split-K reduce, 16/
 case("gemm", "gemm_k M=64 split_k=1 bias", gk, 64, H, H, HQ // 4, bias=True,
      cfg=gemm.GemmConfig(64, 128, 64, split_k=1))
 case("gemm", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=gemm.GemmConfig(16, 64, 128, split_k=4))
+
+
+def gk_sorted(M, N, K, ng, bias=False, x_masked=False, split=1):
+    # triton_backend.gemm_k with the sorted variant: RoutingPlan.tile_order(block_m) gives the three lists
+    group = K // ng
+    cfg = gemm.sorted_k_config(M, N, K, group)
+    if split > 1:
+        cfg = gemm.GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split_k=split,
+                              variant="sorted")
+    tiles = -(-M // cfg.block_m)
+    mask = t(M, ng, dtype=torch.bool)
+    gemm.gemm_k_sorted(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8),
+                       t(M, dtype=torch.int32), t(tiles, ng, dtype=torch.int32), t(tiles, dtype=torch.int32), group,
+                       cfg, x_masked=x_masked)
+
+
+for M in (512, 4096):  # structured masks at prefill: pattern-sorted tiles with their own group lists
+    case("gemm", f"gemm_k sorted down_proj M={M}", gk_sorted, M, H, I, I // 128, x_masked=True)
+    case("gemm", f"gemm_k sorted o_proj M={M}", gk_sorted, M, H, H, HQ // 4)
+case("gemm", "gemm_k sorted o_proj M=4096 bias split 2", gk_sorted, 4096, H, H, HQ // 4, bias=True, split=2)
 case("attention", "prefill T=16", prefill, 1, 16, HQ, HK, D, 4)
 case("attention", "prefill T=16384 lengths", prefill, 1, 16384, HQ, HK, D, 4, lengths=True)
 case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", prefill, 2, 2048, HQ, HK, 64, 1,
@@ -247,6 +267,8 @@ PATHS = {
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
         "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
+    "gemm._gemm_k_sorted_kernel": {"x masked": lambda c: c["X_MASKED"], "mask loads": lambda c: not c["X_MASKED"],
+                                   "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"]},
     "gemm._mask_columns_kernel": {"any": lambda c: True},
     "gemm._mask_epilogue_kernel": {"swiglu": lambda c: c["SWIGLU"],
                                    **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a)

@@ -93,6 +93,36 @@ class RoutingPlan:
                 self._cache["groups"] = (perm.view(-1), counts.view(1))
         return self._cache["groups"]  # type: ignore[return-value]
 
+    def tile_order(self, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens (all leading dims flattened) sorted by mask pattern, and each tile's needed groups.
+
+        One permutation for all groups, for reduction-side GEMMs (``gemm_k_sorted``): tokens that run the
+        same groups end up in the same tiles, so a tile of ``block_m`` sorted tokens needs fewer groups than
+        a tile in sequence order. The sort key is the mask's bits, the most evenly split groups first (up to
+        62 of them; lexicographic order); stable, on the device, no host synchronization.
+
+        Returns:
+            rows: ``[M]`` int32, token indices in sorted order.
+            tile_list: ``[n_tiles, G]`` int32, per tile of ``block_m`` sorted tokens the groups one of them
+                runs first (ascending), then the others; ``n_tiles = ceil(M / block_m)``.
+            tile_count: ``[n_tiles]`` int32, how many groups lead each ``tile_list`` row.
+        """
+        if block_m < 1:
+            raise ValueError(f"block_m: must be >= 1, got {block_m}")
+        key = f"tiles{block_m}"
+        if key not in self._cache:
+            self._cache[key] = _tile_order(self.mask.reshape(-1, self.n_groups), block_m)
+        return self._cache[key]  # type: ignore[return-value]
+
+    def tile_share(self, block_m: int) -> float:
+        """Share of (tile, group) pairs of :meth:`tile_order` that some token of the tile runs (the work
+        ``gemm_k_sorted`` does, relative to dense). Synchronizes with the host once (cached)."""
+        key = f"share{block_m}"
+        if key not in self._cache:
+            _, tl_, tc = self.tile_order(block_m)
+            self._cache[key] = float(tc.sum().item()) / max(1, tl_.numel())
+        return self._cache[key]  # type: ignore[return-value]
+
     def density(self) -> float:
         """Fraction of executed (token, group) pairs. Synchronizes with the host once (cached): the
         triton backend asks only for large prefill-sized calls, never under CUDA-graph capture."""
@@ -117,6 +147,25 @@ class RoutingPlan:
         if flat in (None, False) and self.mask.dim() == 3:
             self.token_order(False)
         return self
+
+
+def _tile_order(rows: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rows [M, G]`` bool -> (order ``[M]``, tile lists ``[n_tiles, G]``, counts ``[n_tiles]``), int32."""
+    M, G = rows.shape
+    bits = min(G, 62)
+    # most evenly split groups first: they separate the most tokens (no host read: weights on the device)
+    balance = (rows.float().mean(0) - 0.5).abs()
+    lead = torch.argsort(balance, stable=True)[:bits]
+    weight = torch.pow(2, torch.arange(bits - 1, -1, -1, device=rows.device, dtype=torch.int64))
+    key = (rows[:, lead].to(torch.int64) * weight).sum(-1)
+    order = torch.argsort(key, descending=True, stable=True)
+    n_tiles = -(-M // block_m)
+    sorted_rows = rows[order]
+    if n_tiles * block_m != M:
+        sorted_rows = torch.cat([sorted_rows, sorted_rows.new_zeros(n_tiles * block_m - M, G)])
+    need = sorted_rows.view(n_tiles, block_m, G).any(1)  # [n_tiles, G]
+    tile_list, tile_count = _stable_partition(need.view(n_tiles, G, 1))
+    return order.to(torch.int32), tile_list.view(n_tiles, G), tile_count.view(n_tiles)
 
 
 def _partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -199,15 +199,28 @@ class TritonBackend(KernelBackend):
         out = out if out is not None else x.new_empty(*x.shape[:-1], N)
         if M == 0:
             return out
+        plan = _plan_for(mask, plan)
         cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
+        if config is None and cfg.variant == "premask" and not _capturing(x):
+            # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path
+            # (one host read per plan, prefill only; under capture the dense path stays)
+            sorted_cfg = tg.sorted_k_config(M, N, K, K // ng)
+            if sorted_cfg is not None and \
+                    plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
+                cfg = sorted_cfg
+        mask2 = mask.reshape(-1, ng).view(torch.uint8)
+        if cfg.variant == "sorted":
+            rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
+            tg.gemm_k_sorted(x2, weight, bias, out.view(-1, N), mask2, rows, tile_list, tile_count, K // ng, cfg,
+                             x_masked=x_masked)
+            return out
         if cfg.variant == "premask" and not x_masked and not _capturing(x):
             # an all-true mask makes the masking pass a copy: skip it (one host sync per plan, prefill only)
-            x_masked = _plan_for(mask, plan).known_all_active()
+            x_masked = plan.known_all_active()
         if cfg.variant == "list":
-            glist, nlist = _plan_for(mask, plan).group_list()
+            glist, nlist = plan.group_list()
         else:
             glist = nlist = mask  # unused by the kernel
-        mask2 = mask.reshape(-1, ng).view(torch.uint8)
         tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
         return out
 

@@ -17,6 +17,9 @@ Kernels
   tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace; the tile's last
   program to arrive (an atomic counter per tile) sums them in split order and writes the output, so the
   sum is deterministic and needs no second launch.
+- ``_gemm_k_sorted_kernel`` (large M, structured masks): tokens in the plan's pattern-sorted order (one
+  permutation per mask, gathered on load and scattered on store), each token tile walking its own compacted
+  list of needed groups. Picked over the dense path when the sorted tiles need few enough of their groups.
 - Dense paths (the host picks them where skipping cannot pay; see the notes in benchmarks/): large-M
   gemm_k = ``_mask_columns_kernel`` + cuBLAS (with independent random masks every tile needs every
   group); large-M gemm_mn/SwiGLU at high mask density = cuBLAS + ``_mask_epilogue_kernel``.
@@ -49,7 +52,9 @@ class GemmConfig:
     num_stages: int = 3
     group_m: int = 8
     split_k: int = 1
-    variant: str = ""  # gemm_k: "" = affine K loop with masked loads, "list" = needed-group list, "premask" = mask pass + cuBLAS
+    # gemm_k: "" = affine K loop with masked loads, "list" = needed-group list, "premask" = mask pass + cuBLAS,
+    # "sorted" = pattern-sorted tokens with per-tile group lists (gemm_k_sorted)
+    variant: str = ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -323,6 +328,71 @@ def _gemm_k_kernel(
 
 
 @triton.jit
+def _gemm_k_sorted_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, rows_ptr, tlist_ptr, tn_ptr,
+    M, N, K, G,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, X_MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # token tile = BLOCK_M consecutive entries of the plan's pattern-sorted token order; its K loop visits
+    # only the groups some token of the tile runs (the plan's per-tile compacted list): neither the weight
+    # bytes nor the MMAs of the other groups are spent
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    CPG: tl.constexpr = GROUP // BLOCK_K
+    n_list = tl.load(tn_ptr + pid_m)
+    per = tl.cdiv(n_list, SPLIT)
+    lo = pid_s * per * CPG
+    hi = tl.minimum(pid_s * per + per, n_list) * CPG
+
+    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the sorted order
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mvalid = pos < M
+    nvalid = rn < N
+    row = tl.load(rows_ptr + pos, mask=mvalid, other=0).to(tl.int64)  # the tokens themselves
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(lo, hi):
+        g = tl.load(tlist_ptr + pid_m.to(tl.int64) * G + i // CPG)
+        kk = g * GROUP + (i % CPG) * BLOCK_K + rk
+        b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn, mask=nvalid[None, :], other=0.0)
+        if X_MASKED:
+            use = mvalid
+        else:  # rows whose token skips this group are neither loaded nor counted
+            use = tl.load(mask_ptr + row * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
+        a = tl.load(x_ptr + row[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use[:, None], other=0.0)
+        acc = tl.dot(a, b, acc)
+
+    ok = mvalid[:, None] & nvalid[None, :]
+    out_ptrs = out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        ws_tile = ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :]
+        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")  # as in _gemm_k_kernel
+        if done == SPLIT - 1:
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=ok)
+            tl.store(cnt_ptr + pid, 0)
+
+
+@triton.jit
 def _mask_columns_kernel(x_ptr, mask_ptr, y_ptr, M, K, stride_xm, stride_xk, stride_mm, stride_mg,
                          GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """``y = x * mask expanded over K groups`` (exact zeros); feeds the dense large-M gemm_k path."""
@@ -400,6 +470,11 @@ def dense_density(group: int) -> float:
     return {64: 0.55, 32: 0.35}.get(group, 0.2 if group < 32 else DENSE_DENSITY)
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
 K_PREMASK_MIN_M = 512
+# ... unless the plan's pattern-sorted tiles need at most this share of their (tile, group) pairs: then
+# gemm_k_sorted. Not yet timed on a GPU: set from the routed perm kernel's rate (≈ 0.7 of cuBLAS's at
+# M=4096, group 128: 1.39x at 50%), so at 0.6 it should still win ≈ 1.15x. Independent random masks
+# never get near it (every tile needs every group).
+K_SORTED_MAX_SHARE = 0.6
 
 
 def _pow2_divisor(n: int, cap: int) -> int:
@@ -459,6 +534,15 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
     if M < K_PREMASK_MIN_M:
         return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
     return GemmConfig(128, 128, 64, variant="premask")
+
+
+def sorted_k_config(M: int, N: int, K: int, group: int) -> GemmConfig | None:
+    """Config of gemm_k_sorted, or ``None`` where its tiles cannot be cut (group not a multiple of 16)."""
+    if group % 16:
+        return None
+    if interpreting():
+        return GemmConfig(16, 16, _pow2_divisor(group, 32), variant="sorted")
+    return GemmConfig(128, 128, _pow2_divisor(group, 64), num_warps=8, num_stages=3, variant="sorted")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -568,6 +652,46 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1),
         GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=cfg.variant == "list",
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def gemm_k_sorted(x, weight, bias, out, mask, rows, tile_list, tile_count, group: int, config: GemmConfig,
+                  workspace: torch.Tensor | None = None, x_masked: bool = False) -> torch.Tensor:
+    """Large-M routed reduction-width GEMM over the plan's pattern-sorted token order
+    (``RoutingPlan.tile_order(config.block_m)``): a token tile reads and multiplies only the groups one of
+    its tokens runs, so structured masks (tokens that agree on groups) skip work that a tile in sequence
+    order would still do.
+
+    Args:
+        x, weight, bias, out, mask: as in :func:`gemm_k`.
+        rows: ``[M]`` int32, the tokens in sorted order; tile_list: ``[n_tiles, G_count]`` int32, each tile's
+            needed groups first; tile_count: ``[n_tiles]`` int32, how many (``n_tiles = ceil(M / block_m)``).
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    ng = tile_list.shape[-1]
+    if group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} (sorted variant)")
+    if tile_list.shape[0] != triton.cdiv(M, cfg.block_m) or tile_count.shape[0] != tile_list.shape[0]:
+        raise ValueError(f"the tile lists were built for another block_m than {cfg.block_m}")
+    split = max(1, cfg.split_k)
+    if split > 1:
+        if workspace is None or workspace.numel() < split * M * N:
+            workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
+    else:
+        workspace = out
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    counters = arrival_counters(x.device, tiles) if split > 1 else tile_count
+    _gemm_k_sorted_kernel[(tiles, split)](
+        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, rows, tile_list,
+        tile_count, M, N, K, ng,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        mask.stride(0), mask.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, X_MASKED=x_masked,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
