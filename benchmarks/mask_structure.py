@@ -10,7 +10,10 @@ may agree across neighbouring or similar tokens; this script measures, on held-o
 - ``pca`` / ``lex``: tokens reordered once per layer and kind (one permutation for all groups: what a
   reduction-side kernel could gather and scatter back), by their mask's projection on its first principal
   component, or lexicographically by their mask bits, most balanced groups first;
-- ``random``: independent masks with each group's measured density (the synthetic benchmark's case).
+- ``random``: independent masks with each group's measured density (the synthetic benchmark's case);
+- ``kernel``: the order ``gemm_k``'s sorted tiles use (``RoutingPlan.tile_order``: lexicographic, up to 62
+  groups), the partial last tile included. After the table: how many layers' masks would take those tiles at
+  prefill (share at most ``K_SORTED_MAX_SHARE`` at the kernel's 128-token tiles) instead of the dense path.
 
 The ideal is the density itself (only the pairs some token runs). 1 / share bounds the speed-up of that GEMM.
 
@@ -89,8 +92,11 @@ def main() -> None:
     if len(windows) < args.windows:
         raise SystemExit(f"--windows: the held-out corpus has only {len(windows)} windows of {args.tokens} tokens")
 
+    from wide.kernels import make_plan
+    from wide.kernels.triton.gemm import K_SORTED_MAX_SHARE
     gen = torch.Generator().manual_seed(0)
     rows: dict[tuple, list[float]] = {}
+    qualify: dict[str, list[int]] = {}
     with torch.no_grad():
         for w in windows:
             model(input_ids=torch.tensor([w]))
@@ -108,12 +114,19 @@ def main() -> None:
                         for name, order in orders.items():
                             rows.setdefault((kind, f"{name} t={t}"), []).append(tile_share(m[order], t))
                         rows.setdefault((kind, f"random t={t}"), []).append(tile_share(rand, t))
+                        rows.setdefault((kind, f"kernel t={t}"), []).append(make_plan(m).tile_share(t))
+                    q = qualify.setdefault(kind, [0, 0])
+                    q[0] += make_plan(m).tile_share(128) <= K_SORTED_MAX_SHARE
+                    q[1] += 1
     print(f"{args.model}, routers {args.checkpoint}, {args.windows} windows x {args.tokens} tokens of held-out "
           f"prose; mean over layers (min-max)")
     print("| kind | measure | share of (tile, group) pairs computed |")
     print("|---|---|---|")
     for (kind, what), vals in rows.items():
         print(f"| {kind} | {what} | {statistics.mean(vals):.3f} ({min(vals):.3f}-{max(vals):.3f}) |")
+    for kind, (n, total) in qualify.items():
+        print(f"{kind}: {n} of {total} (layer, window) masks would run gemm_k on sorted tiles (share at 128-token "
+              f"tiles <= {K_SORTED_MAX_SHARE}); the rest dense")
 
 
 if __name__ == "__main__":

@@ -30,3 +30,16 @@ def test_orders_cluster_interleaved_token_types():
     for order in (ms.pca_order(mask), ms.lex_order(mask)):
         assert sorted(order.tolist()) == list(range(64))
         assert ms.tile_share(mask[order], 16) == 0.5
+
+
+def test_kernel_order_share_matches_the_scripts_measure():
+    """The ``kernel`` rows: RoutingPlan.tile_share is tile_share over the plan's sorted tokens."""
+    from wide.kernels import make_plan
+
+    gen = torch.Generator().manual_seed(0)
+    pats = torch.rand(5, 12, generator=gen) < 0.4
+    mask = pats[torch.randint(0, 5, (256,), generator=gen)]
+    plan = make_plan(mask)
+    rows = plan.tile_order(32)[0].long()
+    assert plan.tile_share(32) == ms.tile_share(mask[rows], 32)
+    assert plan.tile_share(32) < ms.tile_share(mask, 32)  # sorting groups the 5 kinds of token
