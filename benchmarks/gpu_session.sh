@@ -11,6 +11,9 @@
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
 #   status        log tails; results packed into $OUT/results.tgz
+# `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
+# (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
+# Make it here with `bash benchmarks/gpu_session.sh wheels` (pip download, no network needed there).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs /tmp/res
@@ -19,6 +22,14 @@ W="python3 -m wide.cli"
 detach() { setsid nohup bash "$0" "_$1" > "/tmp/logs/$1.log" 2>&1 < /dev/null & echo "started $1"; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
 case "$1" in
+wheels)  # run here, not on the device
+  mkdir -p .whl
+  for p in jsonargparse omegaconf antlr4-python3-runtime docstring-parser typeshed-client gguf; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p" || exit 1
+  done; ls .whl ;;
+setup)  # wheels only (a bench-only session: `setup`, then `bench`, then `status` polls)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && echo installed ;;
 recv)
   mkdir -p /tmp/up
   if [ ! -d /tmp/site ]; then
