@@ -52,7 +52,7 @@ _bench)
   $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
   # both sides with compiled RMS norms / RoPE / dense act*up (wide.fuse_glue); (`--compile`, the whole forward
   # compiled around ~8 graph breaks per layer, had not finished compiling the 8B shape after 7 min on 2026-11-30)
-  $W bench --fuse-glue --coherent --coherent-keep-scale 1 1.5 --json /tmp/res/bench_e2e_fused.json 2>&1 \
+  $W bench --fuse-glue --coherent --coherent-keep-scale 1 1.25 1.5 --json /tmp/res/bench_e2e_fused.json 2>&1 \
     | tee /tmp/res/bench_e2e_fused.md
   python3 benchmarks/gemv_sweep.py 2>&1 | tee /tmp/res/gemv_sweep.txt
   python3 benchmarks/gemv_sweep.py --m 16 2>&1 | tee /tmp/res/gemv_sweep_m16.txt
