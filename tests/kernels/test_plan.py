@@ -170,11 +170,14 @@ def test_tile_order_rejects_bad_block():
         make_plan(torch.ones(4, 3, dtype=torch.bool)).tile_order(0)
 
 
-@pytest.mark.parametrize("kind, path", [("patterns", "sorted"), ("random", "premask"), ("on", "premask")])
+@pytest.mark.parametrize("kind, path, hint", [("patterns", "sorted", None), ("patterns", "sorted", 0.3),
+                                              ("patterns", "premask", 0.9), ("random", "premask", None),
+                                              ("on", "premask", None)])
 @pytest.mark.parametrize("capturing", [False, True])
-def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch, kind, path, capturing):
+def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch, kind, path, hint, capturing):
     """Where the dense path would run, masks whose sorted tiles need few groups take gemm_k_sorted instead
-    (decided from one host read of the plan); random or full masks, and any call under capture, stay dense."""
+    (decided from one host read of the plan); random or full masks, a density hint above the threshold (the
+    tiles are then not even sorted), and any call under capture stay dense."""
     from wide import kernels
     from wide.kernels.backends import triton_backend
     from wide.kernels.triton import gemm as tg
@@ -193,9 +196,11 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
     else:
         mask = torch.rand(M, G, generator=g) < (0.5 if kind == "random" else 1.1)
     x, w, b = torch.randn(M, G * 16, generator=g), torch.randn(24, G * 16, generator=g), torch.randn(24, generator=g)
-    plan = make_plan(mask)
+    plan = make_plan(mask, density_hint=hint)
     out = kernels.gemm_k(x, w, mask, bias=b, plan=plan, backend="triton")
     torch.testing.assert_close(out, kernels.gemm_k(x, w, mask, bias=b, backend="torch"), atol=1e-4, rtol=1e-4)
     assert used == (["sorted"] if path == "sorted" and not capturing else [])
+    if hint == 0.9:
+        assert not any(k.startswith("tiles") for k in plan._cache)  # not sorted at all
     if kind == "patterns":
         assert plan.tile_share(16) <= 0.25 + 1 / 6  # 6 tiles, at most one mixed

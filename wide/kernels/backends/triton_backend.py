@@ -204,8 +204,9 @@ class TritonBackend(KernelBackend):
         if config is None and cfg.variant == "premask" and not _capturing(x):
             # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path
             # (one host read per plan, prefill only; under capture the dense path stays)
+            # (no tile can need fewer pairs than its tokens run: a denser mask never qualifies, and is not sorted)
             sorted_cfg = tg.sorted_k_config(M, N, K, K // ng)
-            if sorted_cfg is not None and \
+            if sorted_cfg is not None and plan.expected_density() <= tg.K_SORTED_MAX_SHARE and \
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
                 cfg = sorted_cfg
         mask2 = mask.reshape(-1, ng).view(torch.uint8)
