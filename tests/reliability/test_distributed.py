@@ -19,6 +19,7 @@ from tests.reliability.conftest import (LORA_RECIPE, finish, fit_args, run_wide,
 from wide.checkpoint import load_trained, read_metadata
 
 FSDP2 = '{"class_path": "wide.distributed.FSDP2Strategy"}'
+REL_TOL = 1e-3  # 2 x 2 rows vs 1 x 4 rows, fp32 on CPU: summation order only (see the first test)
 DETERMINISTIC_LORA = [
     "--model.init_args.router_checkpoint", "null", "--model.init_args.routing.router", "topk",
     "--model.init_args.routing.attn_group_size", "2", "--model.init_args.routing.ffn_group_size", "32",
@@ -85,9 +86,11 @@ def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_pat
     assert moved > 1e-2, "LoRA trained"
     assert _max_diff(ddp, fsdp) < 1e-6, "DDP and FSDP2 compute the same update"
     # float summation order differs (gloo all-reduce, per-rank means), and Adam divides by each element's
-    # own scale, so single elements can differ by more than the update's precision: compare whole tensors
+    # own scale, so single elements can differ by more than the update's precision: compare whole tensors.
+    # Seen: 1.8e-5 run alone, 1.5e-4 once inside the full suite (Adam's first steps are +-lr wherever a
+    # near-zero gradient's sign flips); a real mismatch (another seed, per-rank normalisation) is > 0.1
     rel = _rel_diff(one, ddp)
-    assert rel < 1e-4, f"2 x 2 rows train like 1 x 4 rows (up to float summation order): {rel:.2e}"
+    assert rel < REL_TOL, f"2 x 2 rows train like 1 x 4 rows (up to float summation order): {rel:.2e}"
 
     # logged metrics are means over ranks: each rank alone sees other rows and another loss
     logs = {name: _metrics(tmp_path / name) for name in ("one", "ddp", "fsdp")}
@@ -135,7 +138,7 @@ def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, 
     ddp, fsdp = (_trained(tmp_path / name, proc) for name, proc in procs.items())
 
     assert _rel_diff(one, other_seed) > 0.1, "another seed trains other routers"
-    assert _rel_diff(one, ddp) < 1e-4 and _rel_diff(one, fsdp) < 1e-4, (_rel_diff(one, ddp), _rel_diff(one, fsdp))
+    assert _rel_diff(one, ddp) < REL_TOL and _rel_diff(one, fsdp) < REL_TOL, (_rel_diff(one, ddp), _rel_diff(one, fsdp))
 
 
 @pytest.mark.slow
