@@ -22,7 +22,9 @@ def test_bench_runs_and_writes_json(tmp_path, tiny_model_dir, capsys):
             if r["sparsity"] == 0:
                 assert r["realized"] == 0.0
     out = capsys.readouterr().out
-    assert "dense/routed" in out and "| realized |" in out
+    assert "dense/routed" in out and "| realized | by weight |" in out
+    # the random router skips every kind at the same rate: by weight is the same rate
+    assert abs(half["realized_by_weight"] - half["realized"]) < 0.15
 
 
 def test_decode_nll_equals_teacher_forced_forward():

@@ -387,7 +387,7 @@ def run(args) -> list[dict]:
                 realized = _realized(model)
                 d, dmode = dense[("prefill", 1, t, graph)]
                 mode = dmode if dmode == rmode else f"dense {dmode} / routed {rmode}"
-                rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, realized=realized,
+                rows.append(dict(phase="prefill", batch=1, tokens=t, sparsity=s, **realized,
                                  routing="per-token", dense_ms=d, routed_ms=ms, ratio=d / ms, mode=mode))
         for name, refresh, scale in variants:
             wide.modeling.inference.set_coherent_decode(model, refresh, args.coherent_memory, keep_scale=scale)
@@ -396,7 +396,7 @@ def run(args) -> list[dict]:
                 ms = timed(runner.step, warmup=3, iters=args.iters * 4)
                 realized = _realized(model)  # the last timed step's masks (a graph replay rewrites them)
                 d, dmode = dense[("decode", b, args.context)]
-                rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, realized=realized,
+                rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, **realized,
                                  routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,
                                  mode=f"dense {dmode} / routed {runner.mode}", dense_variants=dense_variants[b]))
                 del runner
@@ -496,23 +496,26 @@ def decode_quality(model, tokenizer, *, batch: int, prefix: int, steps: int, n_s
     return rows
 
 
-def _realized(model) -> float:
-    """Realized sparsity of the model's last forward (NaN if it kept no statistics)."""
+def _realized(model) -> dict:
+    """Realized sparsity of the model's last forward — the kinds averaged (the training target's rate) and by
+    routed weight (what speed follows) — as row fields (NaN if it kept no statistics)."""
     import wide
 
     stats = wide.sparsity_stats(model)
     if stats is None:
-        return float("nan")
-    return float(stats.realized())
+        return dict(realized=float("nan"), realized_by_weight=float("nan"))
+    return dict(realized=float(stats.realized()), realized_by_weight=float(stats.realized_by_weight()))
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ("| phase | batch | tokens | sparsity | realized | routing | dense ms | routed ms | dense/routed | mode |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| phase | batch | tokens | sparsity | realized | by weight | routing | dense ms | routed ms | dense/routed "
+            "| mode |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         realized = r.get("realized", float("nan"))
+        by_weight = r.get("realized_by_weight", float("nan"))
         lines.append(f"| {r['phase']} | {r['batch']} | {r['tokens']} | {r['sparsity']:.2f} | {realized:.3f} | "
+                     f"{by_weight:.3f} | "
                      f"{r['routing']} | {r['dense_ms']:.2f} | {r['routed_ms']:.2f} | {r['ratio']:.2f}x | {r['mode']} |")
     return "\n".join(lines)
 

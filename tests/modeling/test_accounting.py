@@ -27,6 +27,12 @@ def test_accounting_matches_hand_count_with_padding():
     assert torch.allclose(stats.skip["attn"], torch.tensor([0.5, 0.5]))
     assert torch.allclose(stats.skip["ffn"], torch.tensor([4 / 20, 4 / 20]))
     assert torch.allclose(stats.realized(), torch.tensor((0.5 + 0.2) / 2))
+    # by weight: each kind's routed weight elements, counted from the modules themselves (k/v stay dense)
+    layer = model.model.layers[0]
+    n_attn = layer.self_attn.q_proj.weight.numel() + layer.self_attn.o_proj.weight.numel()
+    n_ffn = sum(getattr(layer.mlp, p).weight.numel() for p in ("gate_proj", "up_proj", "down_proj"))
+    assert stats.weights["attn"].tolist() == [n_attn] * 2 and stats.weights["ffn"].tolist() == [n_ffn] * 2
+    assert torch.allclose(stats.realized_by_weight(), torch.tensor((0.5 * n_attn + 0.2 * n_ffn) / (n_attn + n_ffn)))
     assert stats.token_active["attn"].shape == (2, 3, 2)
     assert torch.allclose(stats.token_active["attn"][0, :, 0], torch.tensor([0.5, 1.0, 0.0]))
     assert torch.equal(stats.valid, am.bool())

@@ -16,7 +16,9 @@ class SparsityMonitor(L.Callback):
     """Logs what the routers actually skip.
 
     Training (every ``log_every_n_steps``, the Trainer's logging cadence): ``sparsity/train/{attn,ffn}/layer_XX``
-    scalars and ``sparsity/train/total`` (means over data-parallel ranks, one all-reduce), and a histogram of
+    scalars, ``sparsity/train/total`` (the training target's rate: kinds averaged equally) and
+    ``sparsity/train/by_weight`` (the share of routed weight work skipped, which speed follows; means over
+    data-parallel ranks, one all-reduce), and a histogram of
     each valid token's active width (TensorBoard; rank 0's tokens).
     Validation: the same per-layer rates averaged over the whole validation set (weighted by valid
     tokens, reduced across ranks), logged at epoch end. Every ``heatmap_every_n_steps`` a token × layer
@@ -50,7 +52,7 @@ class SparsityMonitor(L.Callback):
 
     def _log_rates(self, trainer: L.Trainer, pl_module, stats: "wide.SparsityStats", split: str,
                    batch_size: int) -> None:
-        rates = {"total": stats.realized()}
+        rates = {"total": stats.realized(), "by_weight": stats.realized_by_weight()}
         for kind in stats.kinds:
             rates[kind] = stats.realized(kind)
             if self.log_per_layer:
@@ -115,6 +117,7 @@ class SparsityMonitor(L.Callback):
         if stats is None:
             return
         n = stats.valid.sum() if stats.valid is not None else torch.tensor(float(batch["input_ids"].numel()))
+        self._metric(pl_module, "by_weight").update(stats.realized_by_weight(), weight=n)
         for kind in stats.kinds:
             self._metric(pl_module, kind).update(stats.realized(kind), weight=n)
             if self.log_per_layer:
@@ -124,7 +127,7 @@ class SparsityMonitor(L.Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.sanity_checking or not self._val:
             return
-        kinds = [k for k in self._val if "/" not in k]
+        kinds = [k for k in self._val if "/" not in k and k != "by_weight"]
         totals = {k: self._val[k].compute() for k in kinds}
         # MeanMetric.compute() already reduces over ranks; sync_dist only keeps Lightning's bookkeeping exact
         pl_module.log("sparsity/val/total", torch.stack(list(totals.values())).mean(), sync_dist=True)

@@ -35,6 +35,7 @@ class WideLayer(nn.Module):
         self.backend = "auto"
         self._kernel_masks: dict[str, tuple] = {}
         self._coherent: dict[str, dict] = {}
+        self.routed_weights: dict[str, int] = {}  # weight elements each kind's routing covers (set by apply_wide)
 
     def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
         if kind in self.forced:

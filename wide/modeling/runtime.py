@@ -27,6 +27,8 @@ class SparsityStats:
         skip_grad: Per kind, the same rates as differentiable tensors (straight-through in training).
         token_active: Per kind, ``[B, T, L]`` active fraction of each token's groups per routed layer.
         valid: ``[B, T]`` bool, the tokens that count (``None``: all).
+        weights: Per kind, ``[L]`` routed weight elements per routed layer (attention: ``q_proj`` + ``o_proj``;
+            FFN: ``gate``/``up``/``down``; K/V stay dense), for :meth:`realized_by_weight`.
     """
 
     layers: list[int]
@@ -34,6 +36,7 @@ class SparsityStats:
     skip_grad: dict[str, torch.Tensor]
     token_active: dict[str, torch.Tensor]
     valid: Optional[torch.Tensor]
+    weights: Optional[dict[str, torch.Tensor]] = None
 
     @property
     def kinds(self) -> list[str]:
@@ -45,6 +48,17 @@ class SparsityStats:
         if kind is not None:
             return src[kind].mean()
         return torch.stack([src[k].mean() for k in src]).mean()
+
+    def realized_by_weight(self) -> torch.Tensor:
+        """Share of the routed weights' work skipped: each layer's and kind's skip rate weighted by its routed
+        weight elements (a token skips that share of the routed multiply-adds, and a batch-1 decode step that
+        share of the routed weight bytes). The training target (:meth:`realized`, the paper's) averages the
+        kinds equally instead, so routers that skip attention more than the (larger) FFN skip less by weight."""
+        if not self.weights:
+            return self.realized()
+        num = sum((self.skip[k] * self.weights[k]).sum() for k in self.kinds)
+        den = sum(self.weights[k].sum() for k in self.kinds)
+        return num / den
 
     def token_active_mean(self) -> torch.Tensor:
         """``[B, T]`` active fraction per token, averaged over routed layers and kinds."""
@@ -219,4 +233,8 @@ class WideRuntime:
             skip_grad[kind] = torch.stack([self._rate(mask, valid) for mask, valid in recs])
             skip[kind] = skip_grad[kind].detach()
             active[kind] = torch.stack([mask.detach().float().mean(-1) for mask, _ in recs], dim=-1)
-        return SparsityStats(layers, skip, skip_grad, active, self.valid)
+        sizes = {wl.layer_idx: getattr(wl, "routed_weights", None) for wl in self.layers}
+        weights = None
+        if all(sizes.get(i) for i in layers):
+            weights = {k: torch.tensor([float(sizes[i][k]) for i in layers], device=skip[k].device) for k in skip}
+        return SparsityStats(layers, skip, skip_grad, active, self.valid, weights)

@@ -139,6 +139,8 @@ def apply_wide(model: nn.Module, config: Optional[WideConfig] = None) -> nn.Modu
                               target, cfg.router_rank, scores)
             routers[slot.kind] = _build_router(cfg, spec).to(device=ref.device, dtype=torch.float32)
         wl = WideLayer(shape.layer_idx, slots, routers, policy, runtime).train(model.training)
+        wl.routed_weights = {"attn": 2 * shape.num_heads * shape.head_dim * shape.hidden_size,
+                             "ffn": 3 * shape.intermediate_size * shape.hidden_size}
         layer.wide = wl
         runtime.layers.append(wl)
         attn = get_path(layer, arch.attn)
