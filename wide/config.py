@@ -24,6 +24,11 @@ class WideConfig:
     ffn_sparsity: Optional[float] = None
     """Optional target skip rate for FFN routers alone (overrides ``sparsity`` for them)."""
 
+    sparsity_measure: Literal["kinds", "weight"] = "kinds"
+    """What the training target ``sparsity`` measures: ``kinds`` (the paper's: the skip rates of attention and
+    FFN averaged equally) or ``weight`` (skipped share of the routed weight work, q+o and gate+up+down
+    elements: what inference speed follows). ``weight`` takes the single global target only."""
+
     targets: Literal["all", "attention", "ffn"] = "all"
     """Which sub-layers are routed: both, only attention (query-head groups) or only the FFN."""
 
@@ -56,6 +61,11 @@ class WideConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
                 raise ValueError(f"{name}: target skip rate must be a number in [0, 1), got {value!r}")
             setattr(self, name, float(value))
+        if self.sparsity_measure not in ("kinds", "weight"):
+            raise ValueError(f"sparsity_measure: must be 'kinds' or 'weight', got {self.sparsity_measure!r}")
+        if self.sparsity_measure == "weight" and self.per_kind_targets:
+            raise ValueError("sparsity_measure: 'weight' applies the one global target `sparsity`; "
+                             "attn_sparsity / ffn_sparsity must then be unset")
         if self.targets not in TARGETS:
             raise ValueError(f"targets: must be one of {TARGETS}, got {self.targets!r}")
         from wide.policies import POLICIES

@@ -92,3 +92,26 @@ def test_sparsity_target_applies_to_the_global_batch_across_ranks(tiny_model_dir
     assert abs(loss.item() - 2.0 * abs(0.5 - 0.45)) < 1e-6  # per-rank gaps would give 2 * (0.2 + 0.3) / 2
     loss.backward()
     assert local.grad.item() == -2.0  # sign(0.45 - 0.5) * lam: pushes this rank's rate up, as on one device
+
+
+def test_sparsity_measured_by_weight_trains_toward_the_weighted_rate(tiny_model_dir):
+    """``sparsity_measure="weight"``: the loss's rate is the skipped share of routed weight work (FFN layers
+    weigh more than attention ones in the tiny Llama), with gradients into both kinds' routers."""
+    from wide.tasks import RouterCalibration
+
+    cfg = wide.WideConfig(sparsity=0.5, ffn_group_size=32, sparsity_measure="weight")
+    task = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=1.0)
+    model = wide.apply_wide(tiny_model("llama"), cfg).train()
+    model(torch.randint(3, 96, (2, 8)))
+    stats = wide.sparsity_stats(model)
+    loss, logs = task.sparsity_loss(stats)
+    assert torch.allclose(loss, (0.5 - stats.realized_by_weight()).abs())
+    assert not torch.allclose(stats.realized_by_weight(), stats.realized())  # a different rate than the paper's
+    loss.backward()
+    for kind in ("attn", "ffn"):
+        grads = [p.grad for layer in model.model.layers for p in layer.wide.routers[kind].parameters()]
+        assert any(g is not None and g.abs().sum() > 0 for g in grads), kind
+    with pytest.raises(ValueError, match="sparsity_measure"):
+        wide.WideConfig(sparsity_measure="weight", ffn_sparsity=0.5)
+    with pytest.raises(ValueError, match="sparsity_measure"):
+        wide.WideConfig(sparsity_measure="flops")

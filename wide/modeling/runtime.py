@@ -49,14 +49,15 @@ class SparsityStats:
             return src[kind].mean()
         return torch.stack([src[k].mean() for k in src]).mean()
 
-    def realized_by_weight(self) -> torch.Tensor:
+    def realized_by_weight(self, differentiable: bool = False) -> torch.Tensor:
         """Share of the routed weights' work skipped: each layer's and kind's skip rate weighted by its routed
         weight elements (a token skips that share of the routed multiply-adds, and a batch-1 decode step that
         share of the routed weight bytes). The training target (:meth:`realized`, the paper's) averages the
         kinds equally instead, so routers that skip attention more than the (larger) FFN skip less by weight."""
         if not self.weights:
-            return self.realized()
-        num = sum((self.skip[k] * self.weights[k]).sum() for k in self.kinds)
+            return self.realized(differentiable=differentiable)
+        src = self.skip_grad if differentiable else self.skip
+        num = sum((src[k] * self.weights[k].to(src[k].dtype)).sum() for k in self.kinds)
         den = sum(self.weights[k].sum() for k in self.kinds)
         return num / den
 

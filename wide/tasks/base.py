@@ -159,7 +159,8 @@ class WideTask(L.LightningModule):
 
     # ------------------------------------------------------------------------------------------ loss
     def sparsity_loss(self, stats: "wide.SparsityStats") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``lam * |target - realized|``: one global term, or one term per router kind."""
+        """``lam * |target - realized|``: one global term (kinds averaged, or by routed weight with
+        ``sparsity_measure="weight"``), or one term per router kind."""
         cfg = self.routing
         logs = {}
         if cfg.per_kind_targets:
@@ -170,6 +171,8 @@ class WideTask(L.LightningModule):
                 terms.append((cfg.target_for(kind) - rate).abs())
                 logs[f"gap_{kind}"] = terms[-1].detach()
             gap = torch.stack(terms).sum()
+        elif cfg.sparsity_measure == "weight":
+            gap = (cfg.sparsity - self.global_rates(stats.realized_by_weight(differentiable=True))).abs()
         else:
             gap = (cfg.sparsity - self.global_rates(stats.realized(differentiable=True))).abs()
         logs["gap"] = gap.detach()
