@@ -74,6 +74,40 @@ def _activation(x, ACT: tl.constexpr):
 
 
 @triton.jit
+def _grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """(token tile, N tile) of program ``pid`` in grouped order: consecutive programs share token tiles (x
+    rows of similar ranges) for L2 reuse."""
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, pid_s, M, N,
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Writes a gemm_k tile: directly, or (split-K) its partial to the fp32 workspace ``ws_tile`` (the tile's
+    rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes."""
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=ok)
+    else:
+        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
+        # the atomic releases this program's partial and acquires the others'; the last program resets the
+        # counter for the next launch (CUDA-graph replays included)
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        if done == SPLIT - 1:
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):  # fixed order: deterministic
+                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptrs, tot.to(out_ptrs.dtype.element_ty), mask=ok)
+            tl.store(cnt_ptr + pid, 0)
+
+
+@triton.jit
 def _gemm_mn_perm_kernel(
     x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, perm_ptr, cnt_ptr,
     M, N, K,
@@ -83,14 +117,7 @@ def _gemm_mn_perm_kernel(
     GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = N // BLOCK_N
-    # grouped ordering: consecutive programs share token tiles (x rows of similar ranges) for L2 reuse
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), N // BLOCK_N, GROUP_M)
 
     n0 = pid_n * BLOCK_N
     g = n0 // GROUP
@@ -232,13 +259,7 @@ def _gemm_k_kernel(
 ):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variant only)
     SPAN: tl.constexpr = GROUP % BLOCK_K != 0  # chunks cross group boundaries: per-column decisions
@@ -304,27 +325,9 @@ def _gemm_k_kernel(
     if BLOCK_M == 1:
         acc = tl.expand_dims(tl.sum(part, axis=0), 0)
 
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
-        out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None] & nvalid[None, :])
-    else:
-        ok = mvalid[:, None] & nvalid[None, :]
-        ws_tile = ws_ptr + rm64[:, None] * N + rn[None, :]
-        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
-        # the tile's last program to arrive finishes it: the atomic releases this program's partial and
-        # acquires the others'; it resets the counter for the next launch (CUDA-graph replays included)
-        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
-        if done == SPLIT - 1:
-            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT):  # fixed order: deterministic
-                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
-            out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
-            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.store(cnt_ptr + pid, 0)
+    _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
+                   ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid,
+                   cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -340,13 +343,7 @@ def _gemm_k_sorted_kernel(
     # bytes nor the MMAs of the other groups are spent
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     CPG: tl.constexpr = GROUP // BLOCK_K
     n_list = tl.load(tn_ptr + pid_m)
@@ -372,24 +369,10 @@ def _gemm_k_sorted_kernel(
         a = tl.load(x_ptr + row[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use[:, None], other=0.0)
         acc = tl.dot(a, b, acc)
 
-    ok = mvalid[:, None] & nvalid[None, :]
-    out_ptrs = out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
-    else:
-        ws_tile = ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :]
-        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
-        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")  # as in _gemm_k_kernel
-        if done == SPLIT - 1:
-            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT):
-                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.store(cnt_ptr + pid, 0)
+    # outputs go back to the tokens' own rows; split-K partials stay in sorted positions
+    _finish_k_tile(acc, out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on,
+                   ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr,
+                   rn, nvalid, cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -604,6 +587,19 @@ def gemm_mn_direct(x, weight, weight2, bias, out, mask, group: int, act: int, sw
     return out
 
 
+def _split_k_buffers(x, out, cfg: GemmConfig, workspace, unused):
+    """(split, output tiles, fp32 workspace, arrival counters) of a gemm_k launch; without split-K the
+    workspace and counter arguments are never read, so ``out`` and ``unused`` stand in for them."""
+    M, N = out.shape
+    split = max(1, cfg.split_k)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if split == 1:
+        return split, tiles, out, unused
+    if workspace is None or workspace.numel() < split * M * N:
+        workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
+    return split, tiles, workspace, arrival_counters(x.device, tiles)
+
+
 def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmConfig,
            workspace: torch.Tensor | None = None, x_masked: bool = False) -> torch.Tensor:
     """Routed reduction-width GEMM: ``out = (x * mask expanded) @ weight^T (+ bias)``.
@@ -637,16 +633,8 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         return out
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
-    split = max(1, cfg.split_k)
-    if split > 1:
-        if workspace is None or workspace.numel() < split * M * N:
-            workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
-    else:
-        workspace = out
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    grid = (tiles, split)
-    counters = arrival_counters(x.device, tiles) if split > 1 else nlist
-    _gemm_k_kernel[grid](
+    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=nlist)
+    _gemm_k_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist,
         M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
@@ -678,14 +666,7 @@ def gemm_k_sorted(x, weight, bias, out, mask, rows, tile_list, tile_count, group
         raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} (sorted variant)")
     if tile_list.shape[0] != triton.cdiv(M, cfg.block_m) or tile_count.shape[0] != tile_list.shape[0]:
         raise ValueError(f"the tile lists were built for another block_m than {cfg.block_m}")
-    split = max(1, cfg.split_k)
-    if split > 1:
-        if workspace is None or workspace.numel() < split * M * N:
-            workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
-    else:
-        workspace = out
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    counters = arrival_counters(x.device, tiles) if split > 1 else tile_count
+    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=tile_count)
     _gemm_k_sorted_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, workspace, counters, mask, rows, tile_list,
         tile_count, M, N, K, ng,
