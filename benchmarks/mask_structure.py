@@ -9,11 +9,12 @@ may agree across neighbouring or similar tokens; this script measures, on held-o
 - ``natural``: tokens in sequence order;
 - ``pca`` / ``lex``: tokens reordered once per layer and kind (one permutation for all groups: what a
   reduction-side kernel could gather and scatter back), by their mask's projection on its first principal
-  component, or lexicographically by their mask bits, most balanced groups first;
-- ``random``: independent masks with each group's measured density (the synthetic benchmark's case);
-- ``kernel``: the order ``gemm_k``'s sorted tiles use (``RoutingPlan.tile_order``: lexicographic, up to 62
-  groups), the partial last tile included. After the table: how many layers' masks would take those tiles at
-  prefill (share at most ``K_SORTED_MAX_SHARE`` at the kernel's 128-token tiles) instead of the dense path.
+  component, or lexicographically by their mask bits, most balanced groups first (``lex`` is the order
+  ``gemm_k``'s sorted tiles use: ``wide.kernels.plan.pattern_order``);
+- ``random``: independent masks with each group's measured density (the synthetic benchmark's case).
+
+After the table: how many (layer, window) masks would take ``gemm_k``'s sorted tiles at prefill (``lex`` share at
+most ``K_SORTED_MAX_SHARE`` at the kernel's 128-token tiles) instead of the dense path.
 
 The ideal is the density itself (only the pairs some token runs). 1 / share bounds the speed-up of that GEMM.
 
@@ -48,12 +49,10 @@ def pca_order(mask: torch.Tensor) -> torch.Tensor:
     return torch.argsort(x @ v[0])
 
 
-def lex_order(mask: torch.Tensor, bits: int = 40) -> torch.Tensor:
-    balance = (mask.float().mean(0) - 0.5).abs()
-    key = torch.zeros(mask.shape[0], dtype=torch.float64)
-    for i, g in enumerate(torch.argsort(balance)[:bits].tolist()):
-        key += mask[:, g].double() * 2.0 ** (-i)
-    return torch.argsort(key)
+def lex_order(mask: torch.Tensor) -> torch.Tensor:
+    from wide.kernels.plan import pattern_order
+
+    return pattern_order(mask)
 
 
 def main() -> None:
@@ -92,8 +91,8 @@ def main() -> None:
     if len(windows) < args.windows:
         raise SystemExit(f"--windows: the held-out corpus has only {len(windows)} windows of {args.tokens} tokens")
 
-    from wide.kernels import make_plan
     from wide.kernels.triton.gemm import K_SORTED_MAX_SHARE
+
     gen = torch.Generator().manual_seed(0)
     rows: dict[tuple, list[float]] = {}
     qualify: dict[str, list[int]] = {}
@@ -114,9 +113,8 @@ def main() -> None:
                         for name, order in orders.items():
                             rows.setdefault((kind, f"{name} t={t}"), []).append(tile_share(m[order], t))
                         rows.setdefault((kind, f"random t={t}"), []).append(tile_share(rand, t))
-                        rows.setdefault((kind, f"kernel t={t}"), []).append(make_plan(m).tile_share(t))
                     q = qualify.setdefault(kind, [0, 0])
-                    q[0] += make_plan(m).tile_share(128) <= K_SORTED_MAX_SHARE
+                    q[0] += tile_share(m[orders["lex"]], 128) <= K_SORTED_MAX_SHARE
                     q[1] += 1
     print(f"{args.model}, routers {args.checkpoint}, {args.windows} windows x {args.tokens} tokens of held-out "
           f"prose; mean over layers (min-max)")

@@ -33,7 +33,7 @@ def test_orders_cluster_interleaved_token_types():
 
 
 def test_kernel_order_share_matches_the_scripts_measure():
-    """The ``kernel`` rows: RoutingPlan.tile_share is tile_share over the plan's sorted tokens."""
+    """The ``lex`` rows are the kernel's order: RoutingPlan.tile_share is tile_share over lex-ordered tokens."""
     from wide.kernels import make_plan
 
     gen = torch.Generator().manual_seed(0)
@@ -41,5 +41,6 @@ def test_kernel_order_share_matches_the_scripts_measure():
     mask = pats[torch.randint(0, 5, (256,), generator=gen)]
     plan = make_plan(mask)
     rows = plan.tile_order(32)[0].long()
+    assert torch.equal(rows, ms.lex_order(mask))
     assert plan.tile_share(32) == ms.tile_share(mask[rows], 32)
     assert plan.tile_share(32) < ms.tile_share(mask, 32)  # sorting groups the 5 kinds of token

@@ -149,16 +149,23 @@ class RoutingPlan:
         return self
 
 
-def _tile_order(rows: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``rows [M, G]`` bool -> (order ``[M]``, tile lists ``[n_tiles, G]``, counts ``[n_tiles]``), int32."""
-    M, G = rows.shape
+def pattern_order(rows: torch.Tensor) -> torch.Tensor:
+    """``rows [M, G]`` bool -> ``[M]`` int64 token order, lexicographic by mask bits (tokens running the same
+    groups end up next to each other), the most evenly split groups first (they separate the most tokens), up
+    to 62 of them; stable, on the device, no host read."""
+    G = rows.shape[1]
     bits = min(G, 62)
-    # most evenly split groups first: they separate the most tokens (no host read: weights on the device)
     balance = (rows.float().mean(0) - 0.5).abs()
     lead = torch.argsort(balance, stable=True)[:bits]
     weight = torch.pow(2, torch.arange(bits - 1, -1, -1, device=rows.device, dtype=torch.int64))
     key = (rows[:, lead].to(torch.int64) * weight).sum(-1)
-    order = torch.argsort(key, descending=True, stable=True)
+    return torch.argsort(key, descending=True, stable=True)
+
+
+def _tile_order(rows: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rows [M, G]`` bool -> (order ``[M]``, tile lists ``[n_tiles, G]``, counts ``[n_tiles]``), int32."""
+    M, G = rows.shape
+    order = pattern_order(rows)
     n_tiles = -(-M // block_m)
     sorted_rows = rows[order]
     if n_tiles * block_m != M:
