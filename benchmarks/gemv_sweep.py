@@ -11,7 +11,6 @@ them) and per-token (independent rows). Prints the six fastest configs per case,
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py --m 16     # batch 16
 """
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import bench_graph  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
 
@@ -44,31 +45,8 @@ CANDIDATES_16 = {"gemm_k": [None] + K16, "gemm_mn": [None] + MN16, "swiglu": [No
 
 
 def graph_us(fns, reps: int = 30) -> float:
-    """Median us per call of ``fns`` (3 rounds of all of them in one CUDA graph)."""
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(3):
-            for f in fns:
-                f()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / (3 * len(fns)) * 1e3)
-    return statistics.median(times)
+    """Median us per call of ``fns`` (3 rounds of all of them in one CUDA graph; kernels.py's graph timer)."""
+    return bench_graph(lambda: [f() for f in fns], inner=3, reps=reps) / len(fns) * 1e3
 
 
 def routed_calls(op, x, ws, w2s, mask, plan, cfg):
