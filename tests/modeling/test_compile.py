@@ -11,8 +11,8 @@ import torch
 from transformers import StaticCache
 
 import wide
-from wide.bench import _static_rewind
 from tests.conftest import tiny_model
+from tests.modeling.graph_step import eager_and_replayed_step
 from wide.modeling.inference import enable_kernels, set_coherent_decode
 
 def _routed(device: str, dtype: torch.dtype, backend: str, attn_group: int, ffn_group: int, **sizes):
@@ -77,22 +77,8 @@ def test_inductor_compiled_routed_decode_matches_eager_and_replays_from_a_graph(
         got, cache = _prefill_and_decode(model, 2, coherent)
         for a, b in zip(ref, got):
             torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
-        pos = torch.tensor([11], device="cuda")
-        tok = torch.tensor([[11], [13]], device="cuda")
         with torch.inference_mode():
-            rewind = _static_rewind(cache, 11)  # static layers count their own write position: write slot 11 again
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                expect = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits.clone()
-                rewind()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
-                rewind()
-            graph.replay()
-            torch.cuda.synchronize()
+            expect, static = eager_and_replayed_step(model, cache, torch.tensor([[11], [13]], device="cuda"), 11)
         # the replay rewrites the same cache slot with the same token; coherent decode keeps no memory by default
         torch.testing.assert_close(static.float(), expect.float(), rtol=2e-2, atol=2e-2)
     finally:

@@ -14,8 +14,8 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 import wide
-from wide.bench import _static_rewind
 from tests.conftest import tiny_model
+from tests.modeling.graph_step import eager_and_replayed_step
 from wide.modeling.fuse import fuse_glue, unfuse_glue
 from wide.modeling.inference import enable_kernels
 
@@ -137,25 +137,10 @@ def test_fused_routed_decode_replays_from_a_cuda_graph(coherent):
             torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
         cache = StaticCache(config=model.config, max_cache_len=16)
         prompt = torch.arange(3, 17, device="cuda").view(2, 7)
-        pos = torch.tensor([7], device="cuda")
-        tok = torch.tensor([[11], [13]], device="cuda")
         with torch.inference_mode():
             model(input_ids=prompt, past_key_values=cache, use_cache=True)
-            rewind = _static_rewind(cache, 7)  # static layers count their own write position: write slot 7 again
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    expect = model(input_ids=tok, past_key_values=cache, use_cache=True,
-                                   cache_position=pos).logits.clone()
-                    rewind()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static = model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
-                rewind()
-            graph.replay()
-            torch.cuda.synchronize()
+            expect, static = eager_and_replayed_step(model, cache, torch.tensor([[11], [13]], device="cuda"), 7,
+                                                     warmups=2)
         torch.testing.assert_close(static.float(), expect.float(), rtol=2e-2, atol=2e-2)
     finally:
         unfuse_glue(model)
