@@ -33,6 +33,7 @@ def test_accounting_matches_hand_count_with_padding():
     n_ffn = sum(getattr(layer.mlp, p).weight.numel() for p in ("gate_proj", "up_proj", "down_proj"))
     assert stats.weights["attn"].tolist() == [n_attn] * 2 and stats.weights["ffn"].tolist() == [n_ffn] * 2
     assert torch.allclose(stats.realized_by_weight(), torch.tensor((0.5 * n_attn + 0.2 * n_ffn) / (n_attn + n_ffn)))
+    assert wide.sparsity_stats(model).weights is stats.weights  # made once: no host-to-device copy per step
     assert stats.token_active["attn"].shape == (2, 3, 2)
     assert torch.allclose(stats.token_active["attn"][0, :, 0], torch.tensor([0.5, 1.0, 0.0]))
     assert torch.equal(stats.valid, am.bool())

@@ -137,6 +137,7 @@ class WideRuntime:
     layers: list = field(default_factory=list)
     coherent: Optional[CoherentDecode] = None
     _records: dict = field(default_factory=dict)
+    _weights: dict = field(default_factory=dict)
 
     _pad_src: Optional[torch.Tensor] = None
     _padded: Optional[bool] = None
@@ -234,8 +235,16 @@ class WideRuntime:
             skip_grad[kind] = torch.stack([self._rate(mask, valid) for mask, valid in recs])
             skip[kind] = skip_grad[kind].detach()
             active[kind] = torch.stack([mask.detach().float().mean(-1) for mask, _ in recs], dim=-1)
-        sizes = {wl.layer_idx: getattr(wl, "routed_weights", None) for wl in self.layers}
-        weights = None
-        if all(sizes.get(i) for i in layers):
-            weights = {k: torch.tensor([float(sizes[i][k]) for i in layers], device=skip[k].device) for k in skip}
-        return SparsityStats(layers, skip, skip_grad, active, self.valid, weights)
+        return SparsityStats(layers, skip, skip_grad, active, self.valid, self._routed_weights(layers, skip))
+
+    def _routed_weights(self, layers: list[int], skip: dict) -> Optional[dict[str, torch.Tensor]]:
+        # made once per (layers, kinds, device) and kept: a host-to-device copy every step would sync the stream
+        if not skip:
+            return None
+        device = next(iter(skip.values())).device
+        key = (tuple(layers), tuple(skip), device)
+        if key not in self._weights:
+            sizes = {wl.layer_idx: wl.routed_weights for wl in self.layers}
+            self._weights[key] = None if not all(sizes.get(i) for i in layers) else {
+                k: torch.tensor([float(sizes[i][k]) for i in layers], device=device) for k in skip}
+        return self._weights[key]

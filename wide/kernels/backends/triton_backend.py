@@ -202,9 +202,9 @@ class TritonBackend(KernelBackend):
         plan = _plan_for(mask, plan)
         cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
         if config is None and cfg.variant == "premask" and not _capturing(x):
-            # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path
-            # (one host read per plan, prefill only; under capture the dense path stays)
-            # (no tile can need fewer pairs than its tokens run: a denser mask never qualifies, and is not sorted)
+            # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path (one
+            # host read per plan, prefill only; under capture the dense path stays). No tile needs fewer pairs
+            # than its tokens run, so a denser mask never qualifies and is not even sorted.
             sorted_cfg = tg.sorted_k_config(M, N, K, K // ng)
             if sorted_cfg is not None and plan.expected_density() <= tg.K_SORTED_MAX_SHARE and \
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
