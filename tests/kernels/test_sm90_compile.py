@@ -16,6 +16,9 @@ gives the kernel's signature (its parameters bound to the launch's arguments: te
 ``*i32``/``*u8``/``*u1`` as passed, ints ``i32``, floats ``fp32``), its constexprs and its warps/stages.
 Triton's launch-time specialisation (ints equal to 1 or divisible by 16) is not modelled.
 
+The fp32 cases compile what the backend launches for 4-byte operands (default configs passed through
+``gemm.for_element_size``, the prefill config given the element size).
+
 Cases: decode-sized (M=1/16, decode B=1/16) and prefill-sized (M=128..4096, T=2048/16384) calls of each
 op, plus the constexpr branches the model's calls do not reach (activations, bias, K not a multiple of
 BLOCK_K, split-K off, K chunks across narrow groups). `PATHS` lists the code paths that must be compiled.
@@ -127,8 +130,11 @@ for name in KERNELS:
 attention._sm_count = lambda device: 132  # H200: decode_splits sizes the key split from the SM count
 
 
-def t(*shape, dtype=torch.bfloat16):
-    return torch.empty(shape, device="meta", dtype=dtype)
+DT = torch.bfloat16  # activations and weights; the fp32 cases below switch it
+
+
+def t(*shape, dtype=None):
+    return torch.empty(shape, device="meta", dtype=dtype or DT)
 
 
 def case(module, label, fn, *args, **kwargs):
@@ -149,6 +155,7 @@ def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False):
         assert M >= gemm.DENSE_MIN_M
         return gemm.gemm_mn_dense(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, False)
     kernel, cfg = gemm.default_mn_config(M, N, K, group, swiglu)
+    cfg = gemm.for_element_size(cfg, x.element_size())
     if kernel == "direct":
         return gemm.gemm_mn_direct(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, cfg)
     perm, counts = plan.partition(mask.view(1, M, ng))  # RoutingPlan.token_order(flat=True)
@@ -158,7 +165,7 @@ def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False):
 def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
     # triton_backend.gemm_k: the group list for the "list" variant, else the bool mask in its place
     group = K // ng
-    cfg = cfg or gemm.default_k_config(M, N, K, group)
+    cfg = cfg or gemm.for_element_size(gemm.default_k_config(M, N, K, group), DT.itemsize)
     mask = t(M, ng, dtype=torch.bool)
     if cfg.variant == "list":
         glist, nlist = plan.group_list(mask)  # RoutingPlan.group_list()
@@ -173,7 +180,7 @@ def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
     perm, counts = plan.partition(t(B, T, HQ // gsize, dtype=torch.bool))  # token_order(flat=False)
     lens = t(B, dtype=torch.int32) if lengths else None
     attention.attention_prefill(q, k, v, torch.empty_like(q), perm, counts, lens, gsize, causal,
-                                attention.default_scale(D), attention.default_prefill_config(T, D))
+                                attention.default_scale(D), attention.default_prefill_config(T, D, DT.itemsize))
 
 
 def decode(B, S, HQ, HK, D, gsize, lengths=False):
@@ -214,7 +221,7 @@ case("gemm", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=ge
 def gk_sorted(M, N, K, ng, bias=False, x_masked=False, split=1):
     # triton_backend.gemm_k with the sorted variant: RoutingPlan.tile_order(block_m) gives the three lists
     group = K // ng
-    cfg = gemm.sorted_k_config(M, N, K, group)
+    cfg = gemm.for_element_size(gemm.sorted_k_config(M, N, K, group), DT.itemsize)
     if split > 1:
         cfg = gemm.GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split_k=split,
                               variant="sorted")
@@ -229,6 +236,20 @@ for M in (512, 4096):  # structured masks at prefill: pattern-sorted tiles with 
     case("gemm", f"gemm_k sorted down_proj M={M}", gk_sorted, M, H, I, I // 128, x_masked=True)
     case("gemm", f"gemm_k sorted o_proj M={M}", gk_sorted, M, H, H, HQ // 4)
 case("gemm", "gemm_k sorted o_proj M=4096 bias split 2", gk_sorted, 4096, H, H, HQ // 4, bias=True, split=2)
+# fp32 models (the GPU tests' tiny ones; users routing an fp32 model): the backend halves the default
+# block_k for 4-byte operands (gemm.for_element_size); without it a 16 x 128 x 128 swiglu tile needed 408 KiB
+DT = torch.float32
+for M in (16, 36, 128, 4096):
+    case("gemm", f"fp32 swiglu M={M}", mn, M, I, H, I // 64, swiglu=True)
+    case("gemm", f"fp32 gemm_mn M={M}", mn, M, H, H, HQ // 4)
+for M in (16, 128):
+    case("gemm", f"fp32 gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
+case("gemm", "fp32 gemm_k sorted o_proj M=4096", gk_sorted, 4096, H, H, HQ // 4)
+case("attention", "fp32 prefill T=4096", prefill, 1, 4096, HQ, HK, D, 4)
+case("attention", "fp32 prefill T=16384", prefill, 1, 16384, HQ, HK, D, 4)
+case("attention", "fp32 prefill T=512 D=32", prefill, 2, 512, 8, 2, 32, 4)
+case("attention", "fp32 decode B=16 S=4096", decode, 16, 4096, HQ, HK, D, 4)
+DT = torch.bfloat16
 case("attention", "prefill T=16", prefill, 1, 16, HQ, HK, D, 4)
 case("attention", "prefill T=16384 lengths", prefill, 1, 16384, HQ, HK, D, 4, lengths=True)
 case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", prefill, 2, 2048, HQ, HK, 64, 1,

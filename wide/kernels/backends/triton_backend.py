@@ -169,7 +169,11 @@ class TritonBackend(KernelBackend):
             plan = _plan_for(mask, plan)
             if plan.expected_density() >= tg.dense_density(group):
                 config = ("dense", None)
-        kernel, cfg = config if config is not None else tg.default_mn_config(M, N, K, group, swiglu)
+        if config is None:
+            kernel, cfg = tg.default_mn_config(M, N, K, group, swiglu)
+            cfg = tg.for_element_size(cfg, x.element_size())
+        else:
+            kernel, cfg = config
         if kernel == "dense":
             mask2 = mask.reshape(-1, ng).view(torch.uint8)
             all_active = not _capturing(x) and _plan_for(mask, plan).known_all_active()
@@ -200,12 +204,14 @@ class TritonBackend(KernelBackend):
         if M == 0:
             return out
         plan = _plan_for(mask, plan)
-        cfg = config if config is not None else tg.default_k_config(M, N, K, K // ng)
+        cfg = config if config is not None else tg.for_element_size(tg.default_k_config(M, N, K, K // ng),
+                                                                     x.element_size())
         if config is None and cfg.variant == "premask" and not _capturing(x):
             # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path (one
             # host read per plan, prefill only; under capture the dense path stays). No tile needs fewer pairs
             # than its tokens run, so a denser mask never qualifies and is not even sorted.
             sorted_cfg = tg.sorted_k_config(M, N, K, K // ng)
+            sorted_cfg = sorted_cfg and tg.for_element_size(sorted_cfg, x.element_size())
             if sorted_cfg is not None and plan.expected_density() <= tg.K_SORTED_MAX_SHARE and \
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
                 cfg = sorted_cfg
@@ -234,7 +240,7 @@ class TritonBackend(KernelBackend):
         if B == 0 or T == 0:
             return out
         perm, counts = _plan_for(mask, plan).token_order(flat=False)
-        cfg = config if config is not None else ta.default_prefill_config(T, D)
+        cfg = config if config is not None else ta.default_prefill_config(T, D, q.element_size())
         scale = scale if scale is not None else ta.default_scale(D)
         lens = lengths.to(torch.int32) if lengths is not None else None
         return ta.attention_prefill(q, k, v, out, perm, counts, lens, HQ // mask.shape[-1], causal,

@@ -212,12 +212,14 @@ def _decode_reduce_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def default_prefill_config(T: int, D: int) -> AttentionConfig:
+def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionConfig:
+    """H200-tuned for bf16 / fp16; 4-byte operands keep to 64 x 64 tiles (128 x 128 fp32 tiles of D=128 ask
+    for 448 KiB of shared memory, twice what an SM has)."""
     if interpreting():
         return AttentionConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
     if D <= 64:
         return AttentionConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if T <= 8192:  # H200, run 1: 64x64/4 warps 172 us at T=4096; 128x128/8 warps 2.32 ms at T=16384
+    if T <= 8192 or element_size > 2:  # H200, run 1: 64x64/4 warps 172 us at T=4096; 128x128/8 warps 2.32 ms at T=16384
         return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     return AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 

@@ -468,6 +468,18 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
+def for_element_size(config: GemmConfig, element_size: int) -> GemmConfig:
+    """A default config for operands of ``element_size`` bytes: the defaults are tuned (and checked against
+    sm_90's shared memory, tests/kernels/test_sm90_compile.py) for 2-byte bf16 / fp16, so for fp32 the K
+    chunk is halved and each pipeline stage holds the same bytes (an fp32 swiglu tile 16 x 128 x 128 at 4
+    stages asked for 408 KiB and failed to launch on the H200). Explicit configs are never changed."""
+    bk = config.block_k
+    while element_size > 2 and bk > 16:
+        bk //= 2
+        element_size //= 2
+    return config if bk == config.block_k else dataclasses.replace(config, block_k=bk)
+
+
 def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple[str, GemmConfig]:
     """(kernel, config) for gemm_mn / SwiGLU: ``"direct"`` for small M, else ``"perm"`` (H200-tuned)."""
     if interpreting():
