@@ -64,10 +64,16 @@ def test_gemm_k(M, group):
 
 @pytest.mark.parametrize("M", [1000, 4096])
 @pytest.mark.parametrize("split", [1, 2])
-def test_gemm_k_sorted_tiles_on_structured_masks(M, split):
+def test_gemm_k_sorted_tiles_on_structured_masks(M, split, monkeypatch):
     """Tokens of a few kinds (each running its own quarter of the groups): the default dispatch takes the
-    pattern-sorted tiles (share well under K_SORTED_MAX_SHARE), and a split-K config agrees with it."""
+    pattern-sorted tiles (share well under K_SORTED_MAX_SHARE; its M threshold lowered to these sizes), and a
+    split-K config agrees with it."""
     from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "K_SORTED_MIN_M", 512)
+    used = []
+    real = tg.gemm_k_sorted
+    monkeypatch.setattr(tg, "gemm_k_sorted", lambda *a, **k: used.append(1) or real(*a, **k))
 
     dtype = torch.bfloat16
     K, N, group = 14336, 4096, 128
@@ -89,7 +95,7 @@ def test_gemm_k_sorted_tiles_on_structured_masks(M, split):
     else:
         get_backend("triton").gemm_k(x, w, mask, plan=plan, out=out, config=cfg)
     check(out, ref, dtype, None, "gemm_k sorted")
-    assert plan.tile_share(128) <= tg.K_SORTED_MAX_SHARE
+    assert plan.tile_share(128) <= tg.K_SORTED_MAX_SHARE and used
 
 
 @pytest.mark.parametrize("T,S,HQ,HK,gsize,D", [

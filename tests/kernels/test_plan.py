@@ -183,6 +183,7 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
     from wide.kernels.triton import gemm as tg
 
     monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(16, 16, 16, variant="premask"))
+    monkeypatch.setattr(tg, "K_SORTED_MIN_M", 64)
     monkeypatch.setattr(triton_backend, "_capturing", lambda t: capturing)
     used = []
     real = tg.gemm_k_sorted
@@ -204,3 +205,38 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
         assert not any(k.startswith("tiles") for k in plan._cache)  # not sorted at all
     if kind == "patterns":
         assert plan.tile_share(16) <= 0.25 + 1 / 6  # 6 tiles, at most one mixed
+
+
+@pytest.mark.parametrize("density, hint, capturing, path", [
+    (1.1, None, False, "dense"),  # all on, measured: SDPA output copied, no masking pass
+    (0.9, None, False, "dense"),  # measured density above the threshold: SDPA, inactive heads zeroed
+    (0.5, None, False, "routed"),
+    (0.5, 1.0, True, "dense"),  # a (wrong) hint under capture: the path changes, never the result
+    (1.1, None, True, "routed"),  # no hint under capture: no host read, the routed kernel
+])
+def test_prefill_attention_runs_sdpa_for_dense_masks(monkeypatch, density, hint, capturing, path):
+    from wide import kernels
+    from wide.kernels.backends import triton_backend
+    from wide.kernels.triton import attention as ta
+
+    monkeypatch.setattr(ta, "PREFILL_DENSE_MIN_T", 8)
+    monkeypatch.setattr(triton_backend, "_capturing", lambda t: capturing)
+    if capturing:
+        def no_sync(self):
+            raise AssertionError("measured the density on the host while capturing")
+
+        monkeypatch.setattr(RoutingPlan, "density", no_sync)
+    used = []
+    real = ta.attention_prefill_dense
+    monkeypatch.setattr(ta, "attention_prefill_dense", lambda *a, **k: used.append(a[-1]) or real(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    B, T, HQ, HK, D = 2, 24, 8, 2, 16
+    q = torch.randn(B, T, HQ, D, generator=g)
+    k, v = torch.randn(B, HK, T, D, generator=g).transpose(1, 2), torch.randn(B, T, HK, D, generator=g)
+    mask = torch.rand(B, T, HQ // 2, generator=g) < density
+    out = kernels.attention_prefill(q, k, v, mask, plan=make_plan(mask, density_hint=hint), backend="triton")
+    ref = kernels.attention_prefill(q, k, v, mask, backend="torch")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert bool(used) == (path == "dense")
+    if used:  # the masking pass is skipped only when every head is known to run
+        assert used == [density > 1 and hint is None]

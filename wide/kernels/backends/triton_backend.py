@@ -206,7 +206,7 @@ class TritonBackend(KernelBackend):
         plan = _plan_for(mask, plan)
         cfg = config if config is not None else tg.for_element_size(tg.default_k_config(M, N, K, K // ng),
                                                                      x.element_size())
-        if config is None and cfg.variant == "premask" and not _capturing(x):
+        if config is None and cfg.variant == "premask" and M >= tg.K_SORTED_MIN_M and not _capturing(x):
             # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path (one
             # host read per plan, prefill only; under capture the dense path stays). No tile needs fewer pairs
             # than its tokens run, so a denser mask never qualifies and is not even sorted.
@@ -239,12 +239,20 @@ class TritonBackend(KernelBackend):
         out = out if out is not None else torch.empty_like(q)
         if B == 0 or T == 0:
             return out
+        scale = scale if scale is not None else ta.default_scale(D)
+        gsize = HQ // mask.shape[-1]
+        if config is None and lengths is None and k.shape[1] == T and T >= ta.PREFILL_DENSE_MIN_T:
+            # dense masks (0% routing, say): SDPA beats the routed kernel; the choice reads the plan's hint
+            # (no host read, capture-safe) or, eagerly, its measured density (shared with q_proj's plan)
+            p = _plan_for(mask, plan)
+            if (p.density_hint is not None or not _capturing(q)) and \
+                    p.expected_density() >= ta.PREFILL_DENSE_DENSITY:
+                all_active = not _capturing(q) and p.known_all_active()
+                return ta.attention_prefill_dense(q, k, v, out, mask, gsize, causal, scale, all_active)
         perm, counts = _plan_for(mask, plan).token_order(flat=False)
         cfg = config if config is not None else ta.default_prefill_config(T, D, q.element_size())
-        scale = scale if scale is not None else ta.default_scale(D)
         lens = lengths.to(torch.int32) if lengths is not None else None
-        return ta.attention_prefill(q, k, v, out, perm, counts, lens, HQ // mask.shape[-1], causal,
-                                    scale, cfg)
+        return ta.attention_prefill(q, k, v, out, perm, counts, lens, gsize, causal, scale, cfg)
 
     def verify_router_margin(self, x, down, up=None, bias=None, **_):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, down, up, bias)):

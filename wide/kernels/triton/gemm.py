@@ -453,11 +453,15 @@ def dense_density(group: int) -> float:
     return {64: 0.55, 32: 0.35}.get(group, 0.2 if group < 32 else DENSE_DENSITY)
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
 K_PREMASK_MIN_M = 512
-# ... unless the plan's pattern-sorted tiles need at most this share of their (tile, group) pairs: then
-# gemm_k_sorted. Not yet timed on a GPU: set from the routed perm kernel's rate (≈ 0.7 of cuBLAS's at
-# M=4096, group 128: 1.39x at 50%), so at 0.6 it should still win ≈ 1.15x. Independent random masks
-# never get near it (every tile needs every group).
-K_SORTED_MAX_SHARE = 0.6
+# ... unless the plan's pattern-sorted tiles need at most this share of their (tile, group) pairs, and M is
+# at least K_SORTED_MIN_M: then gemm_k_sorted. H200, 2026-12-01 (benchmarks/kernels.py --ops gemm_k_sorted,
+# down_proj shape): its time is ≈ 1.6 x share x cuBLAS's at M=16384 (share 0.48: 1.34x, 0.52: 1.20x) and
+# ≈ 1.6-1.9 x at M=4096 (0.48: 1.10x, 0.62: 0.99x), while building the sorted plan (argsort, gather,
+# partition, one host read) took 0.35-0.65 ms eagerly: a clear net win at 16384 (0.67 ms saved), none at
+# 4096 (0.06 ms). 8192 lies between, untimed. Independent random masks never qualify (every tile needs
+# every group).
+K_SORTED_MAX_SHARE = 0.55
+K_SORTED_MIN_M = 8192
 
 
 def _pow2_divisor(n: int, cap: int) -> int:

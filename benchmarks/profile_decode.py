@@ -1,0 +1,112 @@
+"""Where a CUDA-graph-replayed decode step spends its GPU time, kernel by kernel, dense vs routed.
+
+The rows `wide bench` times: the Llama-3.1-8B-shaped model (random bf16 weights, ``--layers`` of them), a
+static cache at a ``--context``-token context, one decode step of ``--batch`` rows captured in a CUDA graph
+and replayed. Dense side: sdpa over the filled part of the cache with cuDNN (the bench's strongest dense
+decode, ``sliced-cudnn``); routed side: ``random`` routers at ``--sparsity`` on the triton backend. Both
+sides with ``wide.fuse_glue`` unless ``--no-fuse-glue``. torch.profiler records the kernels of the replays
+(CUPTI traces graph nodes); the table lists each kernel's GPU time per layer, the wall time per step, and
+their gap (the GPU idle between kernels that a graph does not remove: launch latency, tails).
+
+    PYTHONPATH=. python3 benchmarks/profile_decode.py --batch 1 --layers 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]:
+    """(wall ms per step, {kernel name: (GPU ms per step, launches per step)}) over ``iters`` replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / iters
+    times: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for e in p.events():
+        if e.device_type.name == "CUDA" and e.device_time_total:
+            times[e.name] += e.device_time_total / 1e3 / iters
+            counts[e.name] += 1
+    return wall, {k: (times[k], counts[k] // iters) for k in times}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--coherent", action="store_true")
+    ap.add_argument("--no-fuse-glue", action="store_true")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+
+    import wide
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from wide.bench import SLICED, DecodeRunner, _register_sliced, _slice_len, build_model
+    from wide.modeling.fuse import fuse_glue
+    from wide.modeling.inference import enable_kernels
+
+    torch.manual_seed(0)
+    model = build_model(None, args.layers, "cuda", torch.bfloat16)
+    if not args.no_fuse_glue:
+        fuse_glue(model)
+    _register_sliced()
+    base = model.config._attn_implementation
+    model.config._attn_implementation, _slice_len[0] = SLICED, args.context + 1
+    runner = DecodeRunner(model, args.batch, args.context, True, attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
+    assert runner.mode == "graph", runner.mode
+    results = {"dense (sliced cuDNN sdpa)": kernel_table(runner.step, args.iters)}
+    del runner
+    model.config._attn_implementation, _slice_len[0] = base, None
+
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
+    model.eval()
+    enable_kernels(model)
+    if not args.no_fuse_glue:
+        fuse_glue(model)
+    for wl in wide.modeling.runtime_of(model).layers:
+        for r in wl.routers.values():
+            r.rate = args.sparsity
+    if args.coherent:
+        wide.set_coherent_decode(model, 1)
+    runner = DecodeRunner(model, args.batch, args.context, True)
+    assert runner.mode == "graph", runner.mode
+    results[f"routed ({'coherent' if args.coherent else 'per-token'}, {args.sparsity:.0%})"] = \
+        kernel_table(runner.step, args.iters)
+
+    L = args.layers
+    print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the Llama-3.1-8B shape, bf16, "
+          f"CUDA graph replay, glue {'not ' if args.no_fuse_glue else ''}fused; per layer = per step / {L}")
+    for name, (wall, table) in results.items():
+        gpu = sum(t for t, _ in table.values())
+        launches = sum(c for _, c in table.values())
+        print(f"\n{name}: wall {wall * 1e3 / L:.1f} us/layer, summed kernel time {gpu * 1e3 / L:.1f} us/layer, "
+              f"idle between kernels {(wall - gpu) * 1e3 / L:.1f} us/layer, {launches / L:.1f} kernels/layer")
+        for k, (t, c) in sorted(table.items(), key=lambda kv: -kv[1][0])[:args.top]:
+            print(f"  {t * 1e3 / L:8.2f} us/layer  {c / L:5.2f}x  {k[:110]}")
+    walls = [w for w, _ in results.values()]
+    print(f"\ndense/routed wall: {walls[0] / walls[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
