@@ -114,21 +114,6 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
                   "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128}
         job("router._router_margin_kernel", f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split}",
             sig, consts)
-for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
-    for has_up, decide, split, block_r in ((True, True, 16, 32), (True, False, 1, 32), (False, True, 8, 64),
-                                           (True, True, 4, 128)):
-        sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
-               "out_ptr": "*u8" if decide else "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32",
-               "D": "i32", "R": "i32", "G": "i32", "CHUNK": "i32", "sxm": "i32", "sdr": "i32", "sug": "i32",
-               "som": "i32", "eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr",
-               "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_M": "constexpr",
-               "BLOCK_D": "constexpr", "BLOCK_R": "constexpr", "BLOCK_G": "constexpr"}
-        consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "SPLIT": split,
-                  "BLOCK_M": 16, "BLOCK_D": 128 if block_r <= 32 else 64, "BLOCK_R": block_r,
-                  "BLOCK_G": block_r if not has_up else 8192 // block_r}
-        job("router._router_margin_rows_kernel",
-            f"rows x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} R={block_r}", sig, consts,
-            num_warps=4, num_stages=3)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
            "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32", "scale64": "i32",
@@ -286,9 +271,6 @@ PATHS = {
     "router._router_margin_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
-    "router._router_margin_rows_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
-                                          "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
-                                          "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
     "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"]},
     "gemm._gemm_mn_direct_kernel": {
         "GEMV": lambda c: c["BLOCK_M"] == 1, "GEMV swiglu": lambda c: c["BLOCK_M"] == 1 and c["SWIGLU"],

@@ -5,8 +5,6 @@ launches per layer and kind, the batch-coherent selection (sigmoid, batch mean, 
 schedule) ~8. Each kernel here does the same work in one launch, so they pay where launches dominate:
 decode and short prefills. The margin kernel spreads each row's first GEMV over up to 64 programs (one
 program per row read the whole router on one SM: 19 us against 12 us for the six torch launches, H200).
-Batches of 2 to 64 rows take the several-rows variant: blocks of 16 rows share each read of the router's
-weights (one-row programs re-read them per row: 9.2 us at 16 rows against 4.5 us at one, H200).
 """
 
 from __future__ import annotations
@@ -75,74 +73,6 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                 tl.store(out_ptr + row * som + g, m, mask=gin)
 
 
-@triton.jit
-def _router_margin_rows_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, M, D, R, G, CHUNK,
-                               sxm, sdr, sug, som, eps, NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
-                               HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, SPLIT: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                               BLOCK_G: tl.constexpr):
-    # as _router_margin_kernel for several rows at once: program (row block, s) multiplies BLOCK_M rows of x
-    # by its chunk of ``down`` (read once for all the rows, where the one-row kernel re-read it per row), the
-    # block's last program adds the SPLIT partials in split order and finishes every row of the block.
-    # fp32 dots in IEEE precision (no TF32): the decisions sit on the sign of the margin.
-    pm = tl.program_id(0)
-    s = tl.program_id(1)
-    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
-    rowin = rows < M
-    rows64 = rows.to(tl.int64)
-    r = tl.arange(0, BLOCK_R)
-    rin = r < R
-    h = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    lo = s * CHUNK
-    for d0 in range(lo, tl.minimum(lo + CHUNK, D), BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        din = d < D
-        xv = tl.load(x_ptr + rows64[:, None] * sxm + d[None, :], mask=rowin[:, None] & din[None, :],
-                     other=0.0).to(tl.float32)
-        ss += tl.sum(xv * xv, axis=1)
-        w = tl.load(down_ptr + r[None, :] * sdr + d[:, None], mask=din[:, None] & rin[None, :], other=0.0)
-        h += tl.dot(xv, w.to(tl.float32), input_precision="ieee")
-    slot = tl.arange(0, BLOCK_M)
-    if SPLIT > 1:
-        base = part_ptr + ((pm * SPLIT + s) * BLOCK_M + slot)[:, None] * (BLOCK_R + 1)
-        tl.store(base + r[None, :], h)
-        tl.store(part_ptr + ((pm * SPLIT + s) * BLOCK_M + slot) * (BLOCK_R + 1) + BLOCK_R, ss)
-        done = tl.atomic_add(cnt_ptr + pm, 1, sem="acq_rel")  # releases the partials, acquires the others'
-        last = done == SPLIT - 1
-    else:
-        last = True
-    if last:
-        if SPLIT > 1:
-            sp = tl.arange(0, SPLIT)
-            at = ((pm * SPLIT + sp)[:, None] * BLOCK_M + slot[None, :]) * (BLOCK_R + 1)  # [SPLIT, BLOCK_M]
-            h = tl.sum(tl.load(part_ptr + at[:, :, None] + r[None, None, :], cache_modifier=".cg"), axis=0)
-            ss = tl.sum(tl.load(part_ptr + at + BLOCK_R, cache_modifier=".cg"), axis=0)
-            tl.store(cnt_ptr + pm, 0)
-        if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
-            h = h * tl.rsqrt(ss / D + eps)[:, None]
-        for g0 in range(0, G, BLOCK_G):
-            g = g0 + tl.arange(0, BLOCK_G)
-            gin = g < G
-            if HAS_UP:
-                u = tl.load(up_ptr + g[None, :] * sug + r[:, None], mask=rin[:, None] & gin[None, :], other=0.0)
-                m = tl.dot(h, u.to(tl.float32), input_precision="ieee")
-            else:  # the first stage already has G outputs (R == G, BLOCK_G == BLOCK_R: one pass)
-                m = h
-            if HAS_BIAS:
-                m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)[None, :]
-            dst = out_ptr + rows64[:, None] * som + g[None, :]
-            if DECIDE:
-                tl.store(dst, (m >= 0).to(tl.uint8), mask=rowin[:, None] & gin[None, :])
-            else:
-                tl.store(dst, m, mask=rowin[:, None] & gin[None, :])
-
-
-# rows per program of the several-rows kernel (tl.dot's smallest tile); its finishing program holds
-# SPLIT x 16 x BLOCK_R partial sums at once, so at most 16 x 32 / BLOCK_R ... 16 splits
-ROWS_BLOCK_M = 16
-
-
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
                   normalize: bool, eps: float, decide: bool) -> torch.Tensor:
     """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
@@ -156,8 +86,6 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
         raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
     dst = out.view(torch.uint8) if decide else out
     block_r = max(16, triton.next_power_of_2(R))
-    if M > 1 and block_r <= 128:
-        return _router_margin_rows(x, down, up, bias, normalize, eps, dst, out, block_r)
     block_d = max(16, min(triton.next_power_of_2(D), 4096 // block_r))
     block_g = max(16, min(triton.next_power_of_2(G), 4096 // block_r))
     # about 128 programs in all, each a whole number of BLOCK_D columns; SPLIT stays a power of two (the
@@ -173,31 +101,6 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
         x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
         NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
         SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
-    return out
-
-
-def _router_margin_rows(x, down, up, bias, normalize, eps, dst, out, block_r: int) -> torch.Tensor:
-    M, D = x.shape
-    R = down.shape[0]
-    G = up.shape[0] if up is not None else R
-    bm = ROWS_BLOCK_M
-    blocks = triton.cdiv(M, bm)
-    block_d = max(16, min(triton.next_power_of_2(D), 128 if block_r <= 32 else 64))
-    block_g = block_r if up is None else max(16, min(triton.next_power_of_2(G), 8192 // block_r))
-    # up to 16 programs per row block over D (a power of two: the finishing program loads all the
-    # partials as one block), each a whole number of BLOCK_D columns
-    n_blocks = triton.cdiv(D, block_d)
-    split = min(triton.next_power_of_2(n_blocks), max(1, min(16, 512 // block_r)))
-    chunk = triton.cdiv(n_blocks, split) * block_d
-    split = triton.next_power_of_2(triton.cdiv(D, chunk))
-    parts = torch.empty(blocks * split * bm * (block_r + 1), device=x.device, dtype=torch.float32) \
-        if split > 1 else out
-    _router_margin_rows_kernel[(blocks, split)](
-        x, down, up if up is not None else down, bias if bias is not None else down, dst, parts,
-        arrival_counters(x.device, blocks), M, D, R, G, chunk,
-        x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
-        NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=dst.dtype == torch.uint8,
-        SPLIT=split, BLOCK_M=bm, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4, num_stages=3)
     return out
 
 
