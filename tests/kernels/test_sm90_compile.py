@@ -117,10 +117,11 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
            "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32", "scale64": "i32",
-           "ADAPTIVE": "constexpr", "BLOCK_G": "constexpr", "BLOCK_J": "constexpr"}
-    for adaptive in (False, True):
-        job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive}", sig,
-            {"ADAPTIVE": adaptive, "BLOCK_G": 512, "BLOCK_J": 16})
+           "ADAPTIVE": "constexpr", "BLOCK_G": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
+    for adaptive in (False, True):  # 448 groups (BLOCK_G 512, 8 rows a tile) and 112 (128, 16 rows)
+        for bg, bj, bb in ((512, 16, 8), (128, 64, 16)):
+            job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg}", sig,
+                {"ADAPTIVE": adaptive, "BLOCK_G": bg, "BLOCK_J": bj, "BLOCK_B": bb})
 
 # ---- gemm / attention / plan kernels: what their host functions launch ------------------------------
 for name in KERNELS:

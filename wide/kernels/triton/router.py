@@ -105,12 +105,16 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
 
 
 @triton.jit
-def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight):
+def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight, BLOCK_B: tl.constexpr):
     # groups ``idx``: lerp(ema, mean_b sigmoid(margin[b]), weight) with torch.lerp's two formulas (exact at
-    # both ends), so the EMA matches the reference to the bit
+    # both ends). The rows are read BLOCK_B at a time, one 2D load each (a load per row, in a loop, left the
+    # kernel waiting on memory B times per pass: 8.7 us at 16 rows x 112 groups on the H200)
     p = tl.zeros(idx.shape, dtype=tl.float32)
-    for b in range(0, B):
-        p += tl.sigmoid(tl.load(m_ptr + b * smb + idx, mask=inb, other=0.0).to(tl.float32))
+    for b0 in range(0, B, BLOCK_B):
+        b = b0 + tl.arange(0, BLOCK_B)
+        bin_ = b < B
+        m = tl.load(m_ptr + b[:, None] * smb + idx[None, :], mask=bin_[:, None] & inb[None, :], other=0.0)
+        p += tl.sum(tl.where(bin_[:, None], tl.sigmoid(m.to(tl.float32)), 0.0), axis=0)
     p = p / B
     old = tl.load(ema_ptr + idx, mask=inb, other=0.0)
     return tl.where(weight < 0.5, old + weight * (p - old), p - (p - old) * (1.0 - weight))
@@ -118,25 +122,27 @@ def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight):
 
 @triton.jit
 def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep, refresh_every, scale64,
-                     ADAPTIVE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr):
+                     ADAPTIVE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
     # one program: G is the number of groups of one layer and kind (tens to hundreds)
     g = tl.arange(0, BLOCK_G)
     gin = g < G
-    e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight)
+    e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight, BLOCK_B)
     # rank of each group by the new EMA, ties to the lower index: the j-blocks recompute their EMA from
     # the inputs, so nothing is read back after a store
     rank = tl.zeros([BLOCK_G], dtype=tl.int32)
     for j0 in range(0, G, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         jin = j < G
-        ej = _updated_ema(m_ptr, ema_ptr, j, jin, B, smb, weight)
+        ej = _updated_ema(m_ptr, ema_ptr, j, jin, B, smb, weight, BLOCK_B)
         ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
         rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
     if ADAPTIVE:  # keep = the rows' mean count of executing groups x scale64 / 64, rounded half up, in [1, G]
         runs = tl.zeros([BLOCK_G], dtype=tl.int32)
-        for b in range(0, B):
-            mb = tl.load(m_ptr + b * smb + g, mask=gin, other=-1.0)
-            runs += ((mb >= 0) & gin).to(tl.int32)
+        for b0 in range(0, B, BLOCK_B):
+            b = b0 + tl.arange(0, BLOCK_B)
+            ok = (b < B)[:, None] & gin[None, :]
+            mb = tl.load(m_ptr + b[:, None] * smb + g[None, :], mask=ok, other=-1.0)
+            runs += tl.sum(((mb >= 0) & ok).to(tl.int32), axis=0)
         total = tl.sum(runs, axis=0).to(tl.int64)
         keep = tl.minimum(tl.maximum((2 * scale64 * total + 64 * B) // (128 * B), 1), G)
     step = tl.load(step_ptr)
@@ -155,7 +161,9 @@ def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Te
     if G:
         block_g = max(16, triton.next_power_of_2(G))
         block_j = max(16, min(block_g, 8192 // block_g))
+        block_b = max(2, min(triton.next_power_of_2(B), 4096 // block_g))  # 2D margin tiles of <= 4096
         _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, B, G, margin.stride(0),
                                1.0 - float(memory), int(keep) if keep is not None else 0, int(refresh_every),
-                               round(keep_scale * 64), ADAPTIVE=keep is None, BLOCK_G=block_g, BLOCK_J=block_j, num_warps=4)
+                               round(keep_scale * 64), ADAPTIVE=keep is None, BLOCK_G=block_g, BLOCK_J=block_j,
+                               BLOCK_B=block_b, num_warps=4)
     return selection
