@@ -93,7 +93,7 @@ def main() -> None:
     if len(windows) < args.windows:
         raise SystemExit(f"--windows: the held-out corpus has only {len(windows)} windows of {args.tokens} tokens")
 
-    from wide.kernels.triton.gemm import K_SORTED_MAX_SHARE
+    from wide.kernels.triton.gemm import K_SORTED_MAX_SHARE, K_SORTED_MIN_M
 
     gen = torch.Generator().manual_seed(0)
     rows: dict[tuple, list[float]] = {}
@@ -132,7 +132,7 @@ def main() -> None:
         print(f"realized sparsity, {what}: {statistics.mean(vals):.3f}")
     for kind, (n, total) in qualify.items():
         print(f"{kind}: {n} of {total} (layer, window) masks would run gemm_k on sorted tiles (share at 128-token "
-              f"tiles <= {K_SORTED_MAX_SHARE}); the rest dense")
+              f"tiles <= {K_SORTED_MAX_SHARE}, in prompts of >= {K_SORTED_MIN_M} tokens); the rest dense")
 
 
 if __name__ == "__main__":
