@@ -48,7 +48,9 @@ _bench)
   python3 -c "import torch, triton, transformers, lightning; print(torch.__version__, triton.__version__, transformers.__version__, lightning.__version__)"
   # (tests named explicitly: a bare `pytest` collected while a later call re-copied the tree failed with
   # ImportPathMismatchError on 2026-11-30)
-  CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee /tmp/res/gpu_tests.txt
+  # (the whole log too: on 2026-12-01 only the tail came back and the failures had to be rerun to be read)
+  CUDA_VISIBLE_DEVICES=0,1 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1
+  tail -15 /tmp/res/gpu_tests_full.txt | tee /tmp/res/gpu_tests.txt
   $W bench --coherent --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
   # both sides with compiled RMS norms / RoPE / dense act*up (wide.fuse_glue); (`--compile`, the whole forward
   # compiled around ~8 graph breaks per layer, had not finished compiling the 8B shape after 7 min on 2026-11-30)
@@ -68,6 +70,9 @@ _bench)
     | tee /tmp/res/profile_decode_b16_coherent.txt
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 1 --fuse-glue 2>&1 \
     | tee /tmp/res/profile_decode_b1_fused.txt
+  # kernel by kernel, graph-replayed steps over a static cache (what the bench's decode rows time)
+  python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
+  python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   echo BENCH_DONE
   ;;
 _smollm)
