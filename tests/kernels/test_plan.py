@@ -240,3 +240,22 @@ def test_prefill_attention_runs_sdpa_for_dense_masks(monkeypatch, density, hint,
     assert bool(used) == (path == "dense")
     if used:  # the masking pass is skipped only when every head is known to run
         assert used == [density > 1 and hint is None]
+
+
+@pytest.mark.parametrize("hint, listed", [(None, True), (0.5, True), (0.95, False), (1.0, False)])
+def test_near_dense_decode_gemm_k_builds_no_group_list(monkeypatch, hint, listed):
+    """At decode, gemm_k walks the plan's needed-group list (built by one extra launch); a plan whose density
+    hint is at least K_LIST_MAX_HINT takes the affine loop instead, with no list, and the same result."""
+    from wide import kernels
+    from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(1, 16, 16, variant="list"))
+    built = []
+    real = RoutingPlan.group_list
+    monkeypatch.setattr(RoutingPlan, "group_list", lambda self: built.append(1) or real(self))
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(1, 64, generator=g), torch.randn(24, 64, generator=g)
+    mask = torch.rand(1, 4, generator=g) < 0.6
+    out = kernels.gemm_k(x, w, mask, plan=make_plan(mask, density_hint=hint), backend="triton")
+    torch.testing.assert_close(out, kernels.gemm_k(x, w, mask, backend="torch"), atol=1e-4, rtol=1e-4)
+    assert bool(built) == listed

@@ -217,6 +217,10 @@ for M in (1, 16, 128, 4096):  # GEMV (affine / group list) + split-K reduce, 16/
 case("gemm", "gemm_k M=64 split_k=1 bias", gk, 64, H, H, HQ // 4, bias=True,
      cfg=gemm.GemmConfig(64, 128, 64, split_k=1))
 case("gemm", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=gemm.GemmConfig(16, 64, 128, split_k=4))
+for M in (1, 16):  # near-dense decode: no group list (gemm.affine_k_config)
+    case("gemm", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
+         cfg=gemm.affine_k_config(M, H, I, 128))
+    case("gemm", f"gemm_k affine o_proj M={M}", gk, M, H, H, HQ // 4, cfg=gemm.affine_k_config(M, H, H, 512))
 
 
 def gk_sorted(M, N, K, ng, bias=False, x_masked=False, split=1):

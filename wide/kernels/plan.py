@@ -69,6 +69,10 @@ class RoutingPlan:
             self._cache[key] = _partition(m)
         return self._cache[key]  # type: ignore[return-value]
 
+    def built(self, what: str) -> bool:
+        """Whether the cached product ``what`` (``"groups"``: :meth:`group_list`) already exists."""
+        return what in self._cache
+
     def group_list(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Groups needed by at least one token, compacted.
 

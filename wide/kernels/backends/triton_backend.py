@@ -215,6 +215,10 @@ class TritonBackend(KernelBackend):
             if sorted_cfg is not None and plan.expected_density() <= tg.K_SORTED_MAX_SHARE and \
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
                 cfg = sorted_cfg
+        if config is None and cfg.variant == "list" and plan.density_hint is not None and \
+                plan.density_hint >= tg.K_LIST_MAX_HINT and not plan.built("groups"):
+            # a (nearly) dense routing rate: the list would skip nothing and costs a launch to build
+            cfg = tg.for_element_size(tg.affine_k_config(M, N, K, K // ng), x.element_size())
         mask2 = mask.reshape(-1, ng).view(torch.uint8)
         if cfg.variant == "sorted":
             rows, tile_list, tile_count = plan.tile_order(cfg.block_m)

@@ -535,6 +535,22 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
     return GemmConfig(128, 128, 64, variant="premask")
 
 
+# decode gemm_k walks the plan's needed-group list (one extra launch to build it) unless the plan's density
+# hint is at least this: near full density the list skips no loop trips, and the affine loop was the faster
+# config anyway (H200 sweep, 2026-12-01, M=1 at 100%: o 11.7 us affine / 12.0 list, down 31.5 / 32.2 — the list
+# timed without its launch; at 50% the list wins, 8.1 / 18.7 against 19.9 affine for down)
+K_LIST_MAX_HINT = 0.9
+
+
+def affine_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
+    """The decode gemm_k config with no group list (dense-ish masks): the sweep's best at full density."""
+    if interpreting():
+        return GemmConfig(1 if M == 1 else 16, 16, _pow2_divisor(K, 32))
+    if M == 1:
+        return GemmConfig(1, 32, _pow2_divisor(K, 128), num_warps=8, num_stages=4, split_k=4)
+    return GemmConfig(16, 64, _pow2_divisor(K, 128), num_warps=4, num_stages=4, split_k=8 if K >= 8192 else 4)
+
+
 def sorted_k_config(M: int, N: int, K: int, group: int) -> GemmConfig | None:
     """Config of gemm_k_sorted, or ``None`` where its tiles cannot be cut (group not a multiple of 16)."""
     if group % 16:
