@@ -14,7 +14,6 @@ density each kind then runs (for o_proj / down_proj the per-token work is the ti
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -44,12 +43,13 @@ def main() -> None:
     from wide.assets import resolve_model
     from wide.checkpoint import load_trained, read_metadata
     from wide.data import default_corpus_split
+    from wide.eval.perplexity import perplexity
     from wide.modeling.layer import WideLayer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--checkpoint", required=True, help="trained routers (.safetensors)")
-    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per window")
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--cells", nargs="+", default=["128:1", "128:1.25", "128:1.5", "64:1", "64:1.25"],
                     help="tile:keep_scale pairs (per-token routing is always the first row)")
@@ -62,44 +62,34 @@ def main() -> None:
     load_trained(model, args.checkpoint)
     model.eval()
 
-    windows, stream = [], []
-    for doc in default_corpus_split()[1]:
-        stream += tok(doc, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        while len(stream) >= args.tokens and len(windows) < args.windows:
-            windows.append(stream[: args.tokens])
-            stream = stream[args.tokens:]
-        if len(windows) == args.windows:
-            break
-    ids = torch.tensor(windows)
-
     mode: dict = {"tile": None, "scale": 1.0}
-    density: dict[str, list[float]] = {}
     decide = WideLayer._decide
 
-    def routed(self, kind, residual):
+    def routed(self, kind, residual):  # the masks the layer records (and the meter reads) are these
         mask = decide(self, kind, residual)
         if mode["tile"] is not None and residual.shape[1] > 1 and kind in self.routers:
             margin = self.routers[kind].execute_decision(residual, margin=True)
             mask = tile_coherent(margin, mask, mode["tile"], mode["scale"])
-        density.setdefault(kind, []).append(mask.float().mean().item())
         return mask
 
     WideLayer._decide = routed
-    print(f"{args.model}, routers {args.checkpoint}, {len(windows)} windows x {args.tokens} tokens of held-out prose\n")
+    docs = default_corpus_split()[1]
+    print(f"{args.model}, routers {args.checkpoint}, the held-out split of the default corpus in "
+          f"{args.windows} windows of {args.tokens} tokens (wide.eval.perplexity)\n")
     print("| routing | ppl | attn density | FFN density |\n|---|---|---|---|")
-    for cell in [None] + args.cells:
-        tile, scale = (None, 1.0) if cell is None else (int(cell.split(":")[0]), float(cell.split(":")[1]))
-        mode.update(tile=tile, scale=scale)
-        density.clear()
-        nll = 0.0
-        with torch.inference_mode():
-            for i in range(ids.shape[0]):
-                nll += model(input_ids=ids[i:i + 1], labels=ids[i:i + 1]).loss.item()
-        name = "per-token" if tile is None else f"tile {tile}, keep x{scale:g}"
-        dens = {k: sum(v) / len(v) for k, v in density.items()}
-        print(f"| {name} | {math.exp(nll / ids.shape[0]):.2f} | {dens.get('attn', float('nan')):.3f} | "
-              f"{dens.get('ffn', float('nan')):.3f} |", flush=True)
-    WideLayer._decide = decide
+    try:
+        for cell in [None] + args.cells:
+            tile, scale = (None, 1.0) if cell is None else (int(cell.split(":")[0]), float(cell.split(":")[1]))
+            mode.update(tile=tile, scale=scale)
+            with torch.inference_mode():
+                res = perplexity(model, tok, docs, window=args.tokens, max_tokens=args.tokens * args.windows,
+                                 batch_size=1)
+            kinds = res["sparsity"]["by_kind"]
+            name = "per-token" if tile is None else f"tile {tile}, keep x{scale:g}"
+            print(f"| {name} | {res['ppl']:.2f} | {1 - kinds.get('attn', float('nan')):.3f} | "
+                  f"{1 - kinds.get('ffn', float('nan')):.3f} |", flush=True)
+    finally:
+        WideLayer._decide = decide
 
 
 if __name__ == "__main__":

@@ -25,19 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]:
     """(wall ms per step, {kernel name: (GPU ms per step, launches per step)}) over ``iters`` replays."""
-    from torch.profiler import ProfilerActivity, profile
+    from benchmarks.profile_prefill import profiled
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        start.record()
-        for _ in range(iters):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-    wall = start.elapsed_time(end) / iters
+    wall, p = profiled(step, iters, warmup=3)
     times: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     for e in p.events():
@@ -73,7 +63,8 @@ def main() -> None:
     _register_sliced()
     base = model.config._attn_implementation
     model.config._attn_implementation, _slice_len[0] = SLICED, args.context + 1
-    runner = DecodeRunner(model, args.batch, args.context, True, attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
+    runner = DecodeRunner(model, args.batch, args.context, True,
+                          attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
     assert runner.mode == "graph", runner.mode
     results = {"dense (sliced cuDNN sdpa)": kernel_table(runner.step, args.iters)}
     del runner

@@ -40,10 +40,12 @@ def family(name: str) -> str:
     return "elementwise / other"
 
 
-def profile(fn, iters: int):
+def profiled(fn, iters: int, warmup: int = 2):
+    """``(wall ms per call, torch.profiler)`` of ``iters`` calls of ``fn`` after ``warmup`` unprofiled ones
+    (CUDA events around the profiled calls; benchmarks/profile_decode.py uses it too)."""
     from torch.profiler import ProfilerActivity, profile as prof
 
-    for _ in range(2):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -53,7 +55,11 @@ def profile(fn, iters: int):
             fn()
         end.record()
         torch.cuda.synchronize()
-    wall = start.elapsed_time(end) / iters
+    return start.elapsed_time(end) / iters, p
+
+
+def profile(fn, iters: int):
+    wall, p = profiled(fn, iters)
     groups: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for e in p.key_averages():

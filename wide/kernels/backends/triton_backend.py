@@ -245,15 +245,15 @@ class TritonBackend(KernelBackend):
             return out
         scale = scale if scale is not None else ta.default_scale(D)
         gsize = HQ // mask.shape[-1]
+        plan = _plan_for(mask, plan)
         if config is None and lengths is None and k.shape[1] == T and T >= ta.PREFILL_DENSE_MIN_T:
             # dense masks (0% routing, say): SDPA beats the routed kernel; the choice reads the plan's hint
             # (no host read, capture-safe) or, eagerly, its measured density (shared with q_proj's plan)
-            p = _plan_for(mask, plan)
-            if (p.density_hint is not None or not _capturing(q)) and \
-                    p.expected_density() >= ta.PREFILL_DENSE_DENSITY:
-                all_active = not _capturing(q) and p.known_all_active()
+            if (plan.density_hint is not None or not _capturing(q)) and \
+                    plan.expected_density() >= ta.PREFILL_DENSE_DENSITY:
+                all_active = not _capturing(q) and plan.known_all_active()
                 return ta.attention_prefill_dense(q, k, v, out, mask, gsize, causal, scale, all_active)
-        perm, counts = _plan_for(mask, plan).token_order(flat=False)
+        perm, counts = plan.token_order(flat=False)
         cfg = config if config is not None else ta.default_prefill_config(T, D, q.element_size())
         lens = lengths.to(torch.int32) if lengths is not None else None
         return ta.attention_prefill(q, k, v, out, perm, counts, lens, gsize, causal, scale, cfg)

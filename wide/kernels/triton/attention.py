@@ -220,7 +220,8 @@ def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionCo
         return AttentionConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
     if D <= 64:
         return AttentionConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    if T <= 8192 or element_size > 2:  # H200, run 1: 64x64/4 warps 172 us at T=4096; 128x128/8 warps 2.32 ms at T=16384
+    # H200, run 1: 64x64/4 warps 172 us at T=4096; 128x128/8 warps 2.32 ms at T=16384
+    if T <= 8192 or element_size > 2:
         return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     return AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
