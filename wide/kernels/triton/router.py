@@ -130,13 +130,18 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
     g = tl.arange(0, BLOCK_G)
     gin = g < G
     e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight, BLOCK_B)
-    # rank of each group by the new EMA, ties to the lower index: the j-blocks recompute their EMA from
-    # the inputs, so nothing is read back after a store
+    # rank of each group by the new EMA, ties to the lower index. The j-blocks read the stored EMA back (after
+    # a barrier: one program) rather than recompute it: a [BLOCK_B, BLOCK_J] tile sums its rows in another
+    # order than the [BLOCK_B, BLOCK_G] one, and a group whose two values differ in the last bit broke the
+    # ranking (H200, 16 rows x 448 groups, 2026-12-01)
+    tl.store(ema_ptr + g, e, mask=gin)
+    tl.debug_barrier()
+    e = tl.load(ema_ptr + g, mask=gin, other=0.0).to(tl.float32)  # as stored (the EMA's dtype), like ej
     rank = tl.zeros([BLOCK_G], dtype=tl.int32)
     for j0 in range(0, G, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
         jin = j < G
-        ej = _updated_ema(m_ptr, ema_ptr, j, jin, B, smb, weight, BLOCK_B)
+        ej = tl.load(ema_ptr + j, mask=jin, other=0.0).to(tl.float32)
         ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
         rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
     if ADAPTIVE:  # keep = the rows' mean count of executing groups x scale64 / 64, rounded half up, in [1, G]
@@ -152,7 +157,6 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
     fresh = (rank < keep).to(tl.uint8)
     sel = tl.load(sel_ptr + g, mask=gin, other=0)
     sel = tl.where(step % refresh_every == 0, fresh, sel)
-    tl.store(ema_ptr + g, e, mask=gin)
     tl.store(sel_ptr + g, sel, mask=gin)
     tl.store(step_ptr, step + 1)
 
