@@ -4,7 +4,8 @@ shapes, against cuBLAS.
 Each timed call reads a different one of 8 weight copies, as a model's layers do: the H200's 50 MB L2 would
 otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernels.py` reuses one
 weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0;
-with ``--m 16`` the 50% masks are both batch-coherent (every row the same groups, as coherent decode makes
+("list" configs are timed with the plan's group list already built, i.e. without its launch; "local" builds
+each tile's list inside the GEMM); with ``--m 16`` the 50% masks are both batch-coherent (every row the same groups, as coherent decode makes
 them) and per-token (independent rows). Prints the six fastest configs per case, plus the default (``None``).
 
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py            # batch 1 (H200: ~1 min)
@@ -28,14 +29,14 @@ DT, DEV, COPIES = torch.bfloat16, "cuda", 8
 SHAPES = {  # name: (op, N, K, group) of one Llama-3.1-8B layer (attention groups: 4 heads of 128)
     "o_proj": ("gemm_k", 4096, 4096, 512), "down": ("gemm_k", 4096, 14336, 128),
     "q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128)}
-K_CANDIDATES = [C(1, bn, 128, w, st, split_k=sp, variant=v) for v in ("list", "")
+K_CANDIDATES = [C(1, bn, 128, w, st, split_k=sp, variant=v) for v in ("local", "list", "")
                 for (bn, w, st, sp) in ((32, 4, 4, 4), (32, 4, 4, 2), (32, 4, 4, 8), (16, 4, 4, 4), (64, 4, 4, 8),
                                         (32, 8, 4, 4), (32, 2, 4, 4), (32, 4, 6, 4), (16, 2, 4, 8), (64, 8, 3, 4))]
 MN_CANDIDATES = [("direct", C(1, bn, bk, w, st)) for (bn, bk, w, st) in
                  ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 4, 4), (32, 256, 4, 4), (8, 256, 4, 4), (8, 512, 8, 4),
                   (4, 512, 4, 4), (8, 1024, 4, 3), (16, 512, 8, 3), (8, 512, 2, 6))]
 CANDIDATES = {"gemm_k": [None] + K_CANDIDATES, "gemm_mn": [None] + MN_CANDIDATES, "swiglu": [None] + MN_CANDIDATES}
-K16 = [C(16, bn, bk, w, st, split_k=sp, variant=v) for v in ("", "list")
+K16 = [C(16, bn, bk, w, st, split_k=sp, variant=v) for v in ("", "list", "local")
        for (bn, bk, w, st, sp) in ((64, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 8), (32, 128, 4, 4, 4),
                                    (128, 128, 4, 4, 4), (64, 128, 8, 4, 4), (32, 128, 4, 4, 8), (64, 64, 4, 6, 4))]
 MN16 = [("direct", C(16, bn, bk, w, st)) for (bn, bk, w, st) in

@@ -123,7 +123,7 @@ def test_gemm_k(seed):
     config = None
     if rng.random() < 0.6:
         bm = 1 if (M == 1 and rng.random() < 0.7) else rng.choice([16, 32])
-        variant = rng.choice(["", "list", "premask", "sorted"])
+        variant = rng.choice(["", "list", "local", "premask", "sorted"])
         bk = 32 if (variant == "" and K % 32 == 0) else 16  # affine chunks may span several groups
         bm = 16 if (variant == "sorted" and bm == 1) else bm  # sorted tiles go through tl.dot
         config = GemmConfig(bm, rng.choice([16, 32]), bk, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]),

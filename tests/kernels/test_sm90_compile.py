@@ -164,14 +164,13 @@ def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False):
 
 
 def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
-    # triton_backend.gemm_k: the group list for the "list" variant, else the bool mask in its place
+    # triton_backend.gemm_k: the plan's group list for the "list" variant, else none
     group = K // ng
     cfg = cfg or gemm.for_element_size(gemm.default_k_config(M, N, K, group), DT.itemsize)
     mask = t(M, ng, dtype=torch.bool)
+    glist = nlist = None
     if cfg.variant == "list":
         glist, nlist = plan.group_list(mask)  # RoutingPlan.group_list()
-    else:
-        glist = nlist = mask
     gemm.gemm_k(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist, group,
                 cfg, x_masked=x_masked)
 
@@ -217,6 +216,10 @@ for M in (1, 16, 128, 4096):  # GEMV (affine / group list) + split-K reduce, 16/
 case("gemm", "gemm_k M=64 split_k=1 bias", gk, 64, H, H, HQ // 4, bias=True,
      cfg=gemm.GemmConfig(64, 128, 64, split_k=1))
 case("gemm", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=gemm.GemmConfig(16, 64, 128, split_k=4))
+for M in (1, 16):  # decode at 50%: each tile's group list built in the kernel (default), or the plan's list
+    case("gemm", f"gemm_k down_proj groups of 128 M={M}", gk, M, H, I, I // 128, x_masked=True)
+    case("gemm", f"gemm_k plan list down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
+         cfg=gemm.GemmConfig(M, 32, 128, 8 if M == 1 else 4, 4, split_k=4, variant="list"))
 for M in (1, 16):  # near-dense decode: no group list (gemm.affine_k_config)
     case("gemm", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm.affine_k_config(M, H, I, 128))
@@ -288,7 +291,10 @@ PATHS = {
         "swiglu": lambda c: c["SWIGLU"], "ragged K": lambda c: not c["EVEN_K"], "bias": lambda c: c["HAS_BIAS"],
         **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a) for a in range(4)}},
     "gemm._gemm_k_kernel": {
-        "GEMV group list": lambda c: c["BLOCK_M"] == 1 and c["USE_LIST"],
+        "GEMV plan's group list": lambda c: c["BLOCK_M"] == 1 and c["USE_LIST"] and not c["LOCAL_LIST"],
+        "GEMV tile's group list": lambda c: c["BLOCK_M"] == 1 and c["LOCAL_LIST"],
+        "tl.dot plan's group list": lambda c: c["BLOCK_M"] > 1 and c["USE_LIST"] and not c["LOCAL_LIST"],
+        "tl.dot tile's group list": lambda c: c["BLOCK_M"] > 1 and c["LOCAL_LIST"],
         "GEMV affine": lambda c: c["BLOCK_M"] == 1 and not c["USE_LIST"],
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
@@ -304,7 +310,6 @@ PATHS = {
                                   "GQA packing": lambda c: c["HU"] > 1,
                                   "padded heads": lambda c: c["HU_P"] > c["HU"]},
     "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
-    "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
     "plan._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
 }

@@ -215,9 +215,9 @@ class TritonBackend(KernelBackend):
             if sorted_cfg is not None and plan.expected_density() <= tg.K_SORTED_MAX_SHARE and \
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
                 cfg = sorted_cfg
-        if config is None and cfg.variant == "list" and plan.density_hint is not None and \
+        if config is None and cfg.variant in ("list", "local") and plan.density_hint is not None and \
                 plan.density_hint >= tg.K_LIST_MAX_HINT and not plan.built("groups"):
-            # a (nearly) dense routing rate: the list would skip nothing and costs a launch to build
+            # a (nearly) dense routing rate: the list would skip nothing (and the plan's costs a launch)
             cfg = tg.for_element_size(tg.affine_k_config(M, N, K, K // ng), x.element_size())
         mask2 = mask.reshape(-1, ng).view(torch.uint8)
         if cfg.variant == "sorted":
@@ -228,10 +228,9 @@ class TritonBackend(KernelBackend):
         if cfg.variant == "premask" and not x_masked and not _capturing(x):
             # an all-true mask makes the masking pass a copy: skip it (one host sync per plan, prefill only)
             x_masked = plan.known_all_active()
+        glist = nlist = None  # "local" builds its tiles' lists in the kernel; the others read none
         if cfg.variant == "list":
             glist, nlist = plan.group_list()
-        else:
-            glist = nlist = mask  # unused by the kernel
         tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
         return out
 

@@ -52,7 +52,8 @@ class GemmConfig:
     num_stages: int = 3
     group_m: int = 8
     split_k: int = 1
-    # gemm_k: "" = affine K loop with masked loads, "list" = needed-group list, "premask" = mask pass + cuBLAS,
+    # gemm_k: "" = affine K loop with masked loads, "list" = the plan's needed-group list, "local" = each token
+    # tile's needed-group list built inside the kernel (no launch before it), "premask" = mask pass + cuBLAS,
     # "sorted" = pattern-sorted tokens with per-tile group lists (gemm_k_sorted)
     variant: str = ""
 
@@ -252,21 +253,37 @@ def _gemm_mn_direct_kernel(
 @triton.jit
 def _gemm_k_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr,
-    M, N, K,
+    M, N, K, G,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
+    LOCAL_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
-    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variant only)
+    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variants only)
     SPAN: tl.constexpr = GROUP % BLOCK_K != 0  # chunks cross group boundaries: per-column decisions
     if USE_LIST:
-        # visit only the groups some token needs (the plan's compacted list): dependent loads, but
-        # no loop trips for unused groups
-        n_list = tl.load(nlist_ptr)
+        # visit only the groups some token needs: dependent loads, but no loop trips for unused groups
+        if LOCAL_LIST:
+            # this tile's own list, built here from its rows' mask (no launch before this one): the union of
+            # the rows' groups, compacted in ascending order into this program's slot of glist_ptr (scratch),
+            # read back after a barrier
+            gg = tl.arange(0, BLOCK_G)
+            gin = gg < G
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            use_g = tl.load(mask_ptr + rows.to(tl.int64)[:, None] * stride_mm + gg[None, :] * stride_mg,
+                            mask=(rows < M)[:, None] & gin[None, :], other=0)
+            need = tl.max((use_g != 0).to(tl.int32), axis=0)
+            n_list = tl.sum(need, 0)
+            my_list = glist_ptr + (pid * SPLIT + pid_s).to(tl.int64) * BLOCK_G
+            tl.store(my_list + tl.cumsum(need, 0) - need, gg, mask=need != 0)
+            tl.debug_barrier()
+        else:  # the plan's list (one launch per plan, shared by the paired ops)
+            n_list = tl.load(nlist_ptr)
+            my_list = glist_ptr
         per = tl.cdiv(n_list, SPLIT)
         lo = pid_s * per * CPG
         hi = tl.minimum(pid_s * per + per, n_list) * CPG
@@ -290,7 +307,7 @@ def _gemm_k_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(lo, hi):
         if USE_LIST:
-            g = tl.load(glist_ptr + i // CPG)
+            g = tl.load(my_list + i // CPG)
             kk = g * GROUP + (i % CPG) * BLOCK_K + rk
         elif SPAN:
             kk = i * BLOCK_K + rk
@@ -520,15 +537,16 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
             # GEMV: the compacted group list wastes no loop trips on skipped groups (run 3: 16.3 us, 1.92x;
             # narrow groups make its chunks too small: 32-wide 44.9 us)
             # (2026-11-30 sweep, no L2 reuse: 8 warps 7.8 / 18.8 us for o / down at 50% vs 8.5 / 19.8 with 4)
+            # ("local": each program builds the list from the mask row itself, no launch before the GEMV)
             return GemmConfig(1, 32, _pow2_divisor(group, 128), num_warps=8, num_stages=4, split_k=4,
-                              variant="list")
+                              variant="local")
         return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4)
     if M <= 32:  # chunks inside one group: uniform masks along K keep the loads vectorized
         if group >= 128:
             # the needed-group list (the union of the rows' groups): batch-coherent decode masks skip half the
             # loop (2026-11-30 sweep at M=16, 50%: o 10.0 us, down 20.7 us vs 11.1 / 23.8 with the affine loop)
             return GemmConfig(16, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4,
-                              split_k=8 if K >= 8192 else 4, variant="list")
+                              split_k=8 if K >= 8192 else 4, variant="local")
         return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
     if M < K_PREMASK_MIN_M:
         return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
@@ -640,14 +658,16 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         x: ``[M, K]``; weight: ``[N, K]``; bias: ``[N]`` or ``None``; out: ``[M, N]``.
         mask: ``[M, G_count]`` uint8 view of the bool mask.
         glist: ``[G_count]`` int32 groups some token needs, first (the plan's order); nlist: ``[1]`` int32
-            (only read by the ``"list"`` variant).
+            (only read by the ``"list"`` variant; the ``"local"`` variant builds each tile's list in the kernel
+            and takes ``None`` for both).
         x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
     """
     M, K = x.shape
     N = weight.shape[0]
     cfg = config
-    if cfg.variant == "list" and group % cfg.block_k:
-        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} (list variant)")
+    listed = cfg.variant in ("list", "local")
+    if listed and group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} ({cfg.variant} variant)")
     if K % cfg.block_k and cfg.variant != "premask":
         raise ValueError(f"block_k={cfg.block_k} must divide K={K}")
     if cfg.variant == "premask":
@@ -665,13 +685,21 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         return out
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
-    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=nlist)
+    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=mask)
+    ng = K // group
+    block_g = triton.next_power_of_2(ng) if cfg.variant == "local" else 1
+    if cfg.variant == "local":  # each program's list slot (written and read by that program only)
+        glist = torch.empty(tiles * split * block_g, device=x.device, dtype=torch.int32)
+        nlist = glist
+    elif cfg.variant != "list":  # never read
+        glist = nlist = mask
     _gemm_k_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist,
-        M, N, K,
+        M, N, K, ng,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1),
-        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=cfg.variant == "list",
+        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=listed,
+        LOCAL_LIST=cfg.variant == "local", BLOCK_G=block_g,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
