@@ -88,8 +88,9 @@ _quick)
   python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
   python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
-  [ -n "${QUICK_SWEEPS:-}" ] && { python3 benchmarks/decode_attention_sweep.py > /tmp/res/decode_attention_sweep.txt 2>&1
-    python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep.txt 2>&1
+  # QUICK_SWEEPS=attn: the decode attention sweep; =all: also the GEMV sweeps at batch 1 and 16
+  [ -n "${QUICK_SWEEPS:-}" ] && python3 benchmarks/decode_attention_sweep.py > /tmp/res/decode_attention_sweep.txt 2>&1
+  [ "${QUICK_SWEEPS:-}" = all ] && { python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep.txt 2>&1
     python3 benchmarks/gemv_sweep.py --m 16 > /tmp/res/gemv_sweep_m16.txt 2>&1; }
   echo QUICK_DONE
   ;;

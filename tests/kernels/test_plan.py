@@ -285,3 +285,36 @@ def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split):
     out = get_backend("triton").gemm_k(x, w, mask, config=cfg)
     torch.testing.assert_close(out, kernels.gemm_k(x, w, mask, backend="torch"), atol=1e-4, rtol=1e-4)
     assert not built
+
+
+def test_rows_shared_and_given_group_list():
+    """A broadcast row (batch-coherent decode's ``selection.expand``) is recognised from its layout; a plan given
+    the group list returns it and builds none."""
+    sel = torch.tensor([True, False, True, False, False])
+    shared = make_plan(sel.expand(4, 1, 5))
+    assert shared.rows_shared and make_plan(sel.view(1, 1, 5)).rows_shared
+    assert not make_plan(sel.expand(4, 1, 5).contiguous()).rows_shared
+    order, n = torch.tensor([0, 2, 1, 3, 4], dtype=torch.int32), torch.tensor([2], dtype=torch.int32)
+    plan = make_plan(sel.expand(4, 1, 5), group_list=(order, n))
+    assert plan.built("groups") and plan.group_list()[0] is order
+    with pytest.raises(ValueError, match="group_list"):
+        make_plan(sel.expand(4, 1, 5), group_list=(order[:3], n))
+
+
+@pytest.mark.parametrize("rows, shared, listed", [(16, False, False), (16, True, True), (2, False, True)])
+def test_decode_gemm_k_lists_only_when_rows_leave_groups_out(monkeypatch, rows, shared, listed):
+    """At 50%, 16 independent rows need ~every group (1 - 0.5^16): gemm_k takes the affine loop and builds no
+    list; rows sharing one mask (coherent decode) or few rows keep the list."""
+    from wide import kernels
+    from wide.kernels.triton import gemm as tg
+
+    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(16, 16, 16, variant="list"))
+    built = []
+    real = RoutingPlan.group_list
+    monkeypatch.setattr(RoutingPlan, "group_list", lambda self: built.append(1) or real(self))
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 64, generator=g), torch.randn(24, 64, generator=g)
+    mask = (torch.rand(1, 4, generator=g) < 0.5).expand(rows, 4) if shared else torch.rand(rows, 4, generator=g) < 0.5
+    out = kernels.gemm_k(x, w, mask, plan=make_plan(mask, density_hint=0.5), backend="triton")
+    torch.testing.assert_close(out, kernels.gemm_k(x, w, mask, backend="torch"), atol=1e-4, rtol=1e-4)
+    assert bool(built) == listed

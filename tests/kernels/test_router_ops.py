@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from wide import kernels
+from wide.kernels import make_plan
 from wide.routers.base import RouterSpec, rms_normalize
 from wide.routers.lowrank import LowRankRouter
 
@@ -109,12 +110,17 @@ def _state(g):
 
 
 def _run(backend, margins, keep, memory, refresh):
-    ema, sel, step = _state(margins[0].shape[1])
+    g = margins[0].shape[1]
+    ema, sel, step = _state(g)
     ema.copy_(torch.sigmoid(margins[0]).mean(0))  # the layer starts the memory from the first step
+    groups = (torch.full((g,), -1, dtype=torch.int32), torch.full((1,), -1, dtype=torch.int32))
     out = []
     for m in margins:
-        kernels.coherent_select(m, ema, sel, step, keep=keep, memory=memory, refresh_every=refresh,
+        kernels.coherent_select(m, ema, sel, step, keep=keep, memory=memory, refresh_every=refresh, groups=groups,
                                 backend=backend)
+        # the group list written beside the selection is RoutingPlan.group_list's of the shared mask
+        order, n = make_plan(sel.view(1, g)).group_list()
+        assert torch.equal(groups[0], order) and torch.equal(groups[1], n), backend
         out.append((ema.clone(), sel.clone(), int(step)))
     return out
 

@@ -115,13 +115,14 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
         job("router._router_margin_kernel", f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split}",
             sig, consts)
 for mdtype in ("bf16", "fp32"):
-    sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "B": "i32",
-           "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32", "scale64": "i32",
-           "ADAPTIVE": "constexpr", "BLOCK_G": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
-    for adaptive in (False, True):  # 448 groups (BLOCK_G 512, 8 rows a tile) and 112 (128, 16 rows)
-        for bg, bj, bb in ((512, 16, 8), (128, 64, 16)):
-            job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg}", sig,
-                {"ADAPTIVE": adaptive, "BLOCK_G": bg, "BLOCK_J": bj, "BLOCK_B": bb})
+    sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
+           "n_ptr": "*i32", "B": "i32", "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32",
+           "refresh_every": "i32", "scale64": "i32", "ADAPTIVE": "constexpr", "LIST": "constexpr",
+           "BLOCK_G": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
+    for adaptive in (False, True):  # 448 groups (BLOCK_G 512, 8 rows a tile, j-blocks) and 112 (128, 16 rows,
+        for bg, bj, bb in ((512, 16, 8), (128, 128, 16)):  # one block), with and without the group list
+            job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg} list={adaptive}",
+                sig, {"ADAPTIVE": adaptive, "LIST": adaptive, "BLOCK_G": bg, "BLOCK_J": bj, "BLOCK_B": bb})
 
 # ---- gemm / attention / plan kernels: what their host functions launch ------------------------------
 for name in KERNELS:
@@ -220,6 +221,8 @@ for M in (1, 16):  # decode at 50%: each tile's group list built in the kernel (
     case("gemm", f"gemm_k down_proj groups of 128 M={M}", gk, M, H, I, I // 128, x_masked=True)
     case("gemm", f"gemm_k plan list down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm.GemmConfig(M, 32, 128, 8 if M == 1 else 4, 4, split_k=4, variant="list"))
+case("gemm", "gemm_k tile list down_proj M=16", gk, 16, H, I, I // 128, x_masked=True,
+     cfg=gemm.GemmConfig(16, 32, 128, 4, 4, split_k=8, variant="local"))
 for M in (1, 16):  # near-dense decode: no group list (gemm.affine_k_config)
     case("gemm", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm.affine_k_config(M, H, I, 128))
@@ -279,7 +282,10 @@ PATHS = {
     "router._router_margin_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
-    "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"]},
+    "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],
+                                "group list": lambda c: c["LIST"], "no list": lambda c: not c["LIST"],
+                                "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],
+                                "j-blocks": lambda c: c["BLOCK_J"] < c["BLOCK_G"]},
     "gemm._gemm_mn_direct_kernel": {
         "GEMV": lambda c: c["BLOCK_M"] == 1, "GEMV swiglu": lambda c: c["BLOCK_M"] == 1 and c["SWIGLU"],
         "GEMV ragged K": lambda c: c["BLOCK_M"] == 1 and not c["EVEN_K"],
@@ -310,6 +316,7 @@ PATHS = {
                                   "GQA packing": lambda c: c["HU"] > 1,
                                   "padded heads": lambda c: c["HU_P"] > c["HU"]},
     "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
+    "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
     "plan._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
 }

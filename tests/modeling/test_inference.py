@@ -254,3 +254,35 @@ def test_coherent_decode_keeps_as_many_groups_as_the_rows_run(backend):
     for bad in (dict(keep_scale=0.0), dict(keep_scale=20.0), dict(keep="target", keep_scale=2.0)):
         with pytest.raises(ValueError, match="keep_scale"):
             CoherentDecode(**bad)
+
+
+def test_coherent_decode_plans_reuse_the_selections_group_list(monkeypatch):
+    """On the fused backend the coherent selection writes its group list in the same launch; the decode step's
+    plans are made with it (nothing left to build) and the step gives the reference backend's logits."""
+    if not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("interpreter check")
+    import wide.kernels as wk
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, ffn_group_size=32))
+    model.eval()
+    set_coherent_decode(model, refresh_every=1, memory=0.0)
+    ids = torch.randint(3, 96, (3, 6))
+    real = wk.make_plan
+    out, listed = {}, []
+    def recording(*args, **kwargs):
+        plan = real(*args, **kwargs)
+        listed.append(plan.built("groups"))
+        return plan
+
+    monkeypatch.setattr(wk, "make_plan", recording)
+    for backend in ("torch", "triton"):
+        enable_kernels(model, backend)
+        with torch.no_grad():
+            first = model(ids, use_cache=True)
+            listed.clear()
+            step = model(ids[:, -1:], past_key_values=first.past_key_values, use_cache=True)
+        out[backend] = step.logits
+        if backend == "triton":
+            assert listed and all(listed), "every decode plan came with the selection's group list"
+    torch.testing.assert_close(out["triton"], out["torch"], atol=1e-4, rtol=1e-4)

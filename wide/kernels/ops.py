@@ -224,7 +224,7 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
 
 @torch.compiler.disable
 def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.0, refresh_every: int = 1,
-                    keep_scale: float = 1.0, backend: str = "auto"):
+                    keep_scale: float = 1.0, groups: tuple | None = None, backend: str = "auto"):
     """One decode step of batch-coherent routing, updating its state in place (no host sync).
 
     ``ema <- lerp(ema, mean_b sigmoid(margin), 1 - memory)``; on steps where ``step % refresh_every == 0``
@@ -243,6 +243,9 @@ def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: f
         memory: EMA decay in ``[0, 1)``.
         refresh_every: steps between selections, ``>= 1``.
         keep_scale: factor on the adaptive count (``keep=None`` only), in ``(0, 16]``, taken in steps of 1/64.
+        groups: optional ``(order [G] int32, n [1] int32)``, also written: the selected groups ascending, then the
+            others, and how many are selected (`RoutingPlan.group_list`'s layout, so a plan of the shared mask
+            needs no launch of its own to build it).
         backend: as in `gemm_mn`.
 
     Returns:
@@ -267,6 +270,12 @@ def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: f
     if not 0.0 <= memory < 1.0 or refresh_every < 1:
         raise ValueError(f"coherent_select: memory must be in [0, 1) and refresh_every >= 1, got {memory}, "
                          f"{refresh_every}")
+    if groups is not None:
+        order, n = groups
+        if tuple(order.shape) != (g,) or order.dtype != torch.int32 or tuple(n.shape) != (1,) or \
+                n.dtype != torch.int32 or order.device != margin.device or n.device != margin.device:
+            raise ValueError(f"coherent_select: groups must be (int32 [{g}], int32 [1]) on {margin.device}")
     call = dict(margin=margin, ema=ema, selection=selection, step=step)
     return dispatch.choose("coherent_select", backend, call, margin.device).coherent_select(
-        margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every, keep_scale=keep_scale)
+        margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every, keep_scale=keep_scale,
+        groups=groups)

@@ -22,9 +22,12 @@ class RoutingPlan:
         density_hint: expected fraction of executed (token, group) pairs (the router's target, say).
             When given, kernels choose between their routed and dense paths from it without reading
             the mask on the host (no synchronization); it never changes results, only speed.
+        group_list: :meth:`group_list`'s ``(order, n_needed)`` when the caller already has it (batch-coherent
+            decode's selection writes it), so the plan launches nothing to build it. It must describe ``mask``.
     """
 
-    def __init__(self, mask: torch.Tensor, density_hint: float | None = None):
+    def __init__(self, mask: torch.Tensor, density_hint: float | None = None,
+                 group_list: tuple[torch.Tensor, torch.Tensor] | None = None):
         if mask.dtype != torch.bool:
             raise TypeError(f"RoutingPlan needs a bool mask, got {mask.dtype}")
         if mask.dim() < 2:
@@ -34,6 +37,12 @@ class RoutingPlan:
         self.mask = mask
         self.density_hint = density_hint
         self._cache: dict[str, object] = {}
+        if group_list is not None:
+            order, n = group_list
+            if tuple(order.shape) != (self.n_groups,) or tuple(n.shape) != (1,):
+                raise ValueError(f"group_list: expected ([{self.n_groups}], [1]) tensors, got "
+                                 f"({tuple(order.shape)}, {tuple(n.shape)})")
+            self._cache["groups"] = (order, n)
 
     @property
     def n_groups(self) -> int:
@@ -42,6 +51,13 @@ class RoutingPlan:
     @property
     def shape(self) -> torch.Size:
         return self.mask.shape
+
+    @property
+    def rows_shared(self) -> bool:
+        """Whether every row (token) is known to run the same groups, from the mask's layout alone (no tensor
+        work): one row, or rows that are one row broadcast (batch-coherent decode's ``selection.expand``)."""
+        rows = self.mask.reshape(-1, self.n_groups)
+        return rows.shape[0] <= 1 or rows.stride(0) == 0
 
     def matches(self, mask: torch.Tensor) -> bool:
         """Cheap check that ``mask`` is the mask this plan was built from (shape and storage)."""
@@ -205,11 +221,13 @@ def _stable_partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.compiler.disable  # built eagerly under torch.compile, like the ops that read it
-def make_plan(mask: torch.Tensor, density_hint: float | None = None) -> RoutingPlan:
+def make_plan(mask: torch.Tensor, density_hint: float | None = None,
+              group_list: tuple[torch.Tensor, torch.Tensor] | None = None) -> RoutingPlan:
     """Build a reusable routing plan for a bool mask ``[B, T, G]`` (or ``[M, G]``).
 
     The tensors are computed on first use and cached; call ``plan.materialize()`` to compute them
     eagerly (e.g. before capturing a CUDA graph that uses the plan). ``density_hint`` (expected
-    executed fraction) lets kernels pick their path without a host sync.
+    executed fraction) lets kernels pick their path without a host sync; ``group_list``, when the caller
+    has it, spares the plan building its own (see `RoutingPlan`).
     """
-    return RoutingPlan(mask, density_hint)
+    return RoutingPlan(mask, density_hint, group_list)

@@ -68,8 +68,17 @@ class WideLayer(nn.Module):
 
             mask = self.group_mask[kind]
             mask = mask if mask.dtype == torch.bool else mask > 0.5
-            self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind)))
+            self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind), self._coherent_groups(mask)))
         return self._kernel_masks[kind]
+
+    def _coherent_groups(self, mask: torch.Tensor):
+        """The group list batch-coherent decode wrote with the selection ``mask`` is a view of, else None."""
+        for state in self._coherent.values():
+            sel, groups = state.get("selection"), state.get("groups")
+            if groups is not None and sel is not None and mask.shape[-1] == sel.shape[0] and \
+                    mask.data_ptr() == sel.data_ptr():
+                return groups
+        return None
 
     def _density_hint(self, kind: str) -> Optional[float]:
         # the router's expected rate lets the kernels pick a path with no host sync; forced masks

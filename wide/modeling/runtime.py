@@ -122,9 +122,15 @@ class CoherentDecode:
             state["ema"] = torch.sigmoid(margin.float()).mean(0)
             state["selection"] = torch.zeros(g, dtype=torch.bool, device=margin.device)
             state["step"] = torch.zeros((), dtype=torch.int64, device=margin.device)
+            # the fused kernels' group list of the selection, written by the same launch (the plan of the shared
+            # mask then builds none); the reference path has no use for it
+            state["groups"] = None if backend == "torch" else (
+                torch.empty(g, dtype=torch.int32, device=margin.device),
+                torch.empty(1, dtype=torch.int32, device=margin.device))
         sel = coherent_select(margin, state["ema"], state["selection"], state["step"], keep=keep,
                               memory=self.memory, refresh_every=self.refresh_every,
-                              keep_scale=self.keep_scale if keep is None else 1.0, backend=backend)
+                              keep_scale=self.keep_scale if keep is None else 1.0, groups=state.get("groups"),
+                              backend=backend)
         return sel.expand(b, 1, g)
 
 

@@ -107,7 +107,8 @@ class TorchBackend(KernelBackend):
             m = F.linear(m, up, bias)
         return m >= 0 if decide else m.float()
 
-    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0):
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
+                        groups=None):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
         order = torch.sort(ema, descending=True, stable=True).indices  # ties: lower index first
         if keep is None:  # the rows' mean executing count (times the scale), rounded half up, on the device
@@ -120,6 +121,9 @@ class TorchBackend(KernelBackend):
         else:  # decided on the device, so a captured step keeps its schedule on every replay
             selection.copy_(torch.where(torch.remainder(step, refresh_every) == 0, fresh, selection))
         step.add_(1)
+        if groups is not None:  # selected groups ascending, then the others (a stable sort of "not selected")
+            groups[0].copy_(torch.sort((~selection).to(torch.uint8), stable=True).indices)
+            groups[1].copy_(selection.sum().view(1))
         return selection
 
 

@@ -216,9 +216,13 @@ class TritonBackend(KernelBackend):
                     plan.tile_share(sorted_cfg.block_m) <= tg.K_SORTED_MAX_SHARE:
                 cfg = sorted_cfg
         if config is None and cfg.variant in ("list", "local") and plan.density_hint is not None and \
-                plan.density_hint >= tg.K_LIST_MAX_HINT and not plan.built("groups"):
-            # a (nearly) dense routing rate: the list would skip nothing (and the plan's costs a launch)
-            cfg = tg.for_element_size(tg.affine_k_config(M, N, K, K // ng), x.element_size())
+                not plan.built("groups"):
+            # the share of groups some row of the call needs: the rate itself when the rows share one mask
+            # (batch-coherent decode), else that of independent rows (at 50%, 16 rows need ~all groups)
+            need = plan.density_hint if plan.rows_shared else 1.0 - (1.0 - plan.density_hint) ** M
+            if need >= tg.K_LIST_MAX_HINT:
+                # (nearly) every group: a list would skip nothing (and the plan's costs a launch)
+                cfg = tg.for_element_size(tg.affine_k_config(M, N, K, K // ng), x.element_size())
         mask2 = mask.reshape(-1, ng).view(torch.uint8)
         if cfg.variant == "sorted":
             rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
@@ -296,10 +300,11 @@ class TritonBackend(KernelBackend):
         out = tr.router_margin(x2, down, up, bias, normalize, eps, decide)
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0):
+    def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
+                        groups=None):
         from ..triton import router as tr
 
-        return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every, keep_scale)
+        return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every, keep_scale, groups)
 
     def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None):
         from ..triton import attention as ta

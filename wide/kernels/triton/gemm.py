@@ -544,19 +544,22 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
     if M <= 32:  # chunks inside one group: uniform masks along K keep the loads vectorized
         if group >= 128:
             # the needed-group list (the union of the rows' groups): batch-coherent decode masks skip half the
-            # loop (2026-11-30 sweep at M=16, 50%: o 10.0 us, down 20.7 us vs 11.1 / 23.8 with the affine loop)
+            # loop (2026-11-30 sweep at M=16, 50%: o 10.0 us, down 20.7 us vs 11.1 / 23.8 with the affine loop).
+            # The plan's list, not "local": building it in each of the 1024 programs cost more than its launch
+            # (2026-12-01, down at 50%: 31.6 us local vs 21.0 list)
             return GemmConfig(16, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4,
-                              split_k=8 if K >= 8192 else 4, variant="local")
+                              split_k=8 if K >= 8192 else 4, variant="list")
         return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
     if M < K_PREMASK_MIN_M:
         return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
     return GemmConfig(128, 128, 64, variant="premask")
 
 
-# decode gemm_k walks the plan's needed-group list (one extra launch to build it) unless the plan's density
-# hint is at least this: near full density the list skips no loop trips, and the affine loop was the faster
-# config anyway (H200 sweep, 2026-12-01, M=1 at 100%: o 11.7 us affine / 12.0 list, down 31.5 / 32.2 — the list
-# timed without its launch; at 50% the list wins, 8.1 / 18.7 against 19.9 affine for down)
+# decode gemm_k walks a needed-group list (the plan's costs a launch to build) unless the groups some row needs,
+# expected from the plan's density hint, are at least this share: near full density the list skips no loop
+# trips, and the affine loop was the faster config anyway (H200 sweep, 2026-12-01, M=1 at 100%: o 11.7 us
+# affine / 12.0 list, down 31.5 / 32.2 — the list timed without its launch; at 50% the list wins, 8.1 / 18.7
+# against 19.9 affine for down; M=16 per-token 50%, where 16 rows need ~every group: down 32.3 affine / 34.4 list)
 K_LIST_MAX_HINT = 0.9
 
 

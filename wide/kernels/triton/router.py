@@ -124,26 +124,30 @@ def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight, BLOCK_B: tl.constexpr
 
 
 @triton.jit
-def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep, refresh_every, scale64,
-                     ADAPTIVE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
+def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, B, G, smb, weight, keep, refresh_every,
+                     scale64, ADAPTIVE: tl.constexpr, LIST: tl.constexpr, BLOCK_G: tl.constexpr,
+                     BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
     # one program: G is the number of groups of one layer and kind (tens to hundreds)
     g = tl.arange(0, BLOCK_G)
     gin = g < G
     e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight, BLOCK_B)
-    # rank of each group by the new EMA, ties to the lower index. The j-blocks read the stored EMA back (after
-    # a barrier: one program) rather than recompute it: a [BLOCK_B, BLOCK_J] tile sums its rows in another
-    # order than the [BLOCK_B, BLOCK_G] one, and a group whose two values differ in the last bit broke the
-    # ranking (H200, 16 rows x 448 groups, 2026-12-01)
     tl.store(ema_ptr + g, e, mask=gin)
-    tl.debug_barrier()
-    e = tl.load(ema_ptr + g, mask=gin, other=0.0).to(tl.float32)  # as stored (the EMA's dtype), like ej
-    rank = tl.zeros([BLOCK_G], dtype=tl.int32)
-    for j0 in range(0, G, BLOCK_J):
-        j = j0 + tl.arange(0, BLOCK_J)
-        jin = j < G
-        ej = tl.load(ema_ptr + j, mask=jin, other=0.0).to(tl.float32)
-        ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
-        rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
+    # rank of each group by the new EMA, ties to the lower index; both sides of every comparison must be the
+    # same value (a group whose two copies differed in the last bit broke the ranking: H200, 16 rows x 448
+    # groups, 2026-12-01, when each j-block recomputed its EMA from a differently shaped tile)
+    if BLOCK_J == BLOCK_G:  # one block: both sides from the same registers
+        ahead = (e[None, :] > e[:, None]) | ((e[None, :] == e[:, None]) & (g[None, :] < g[:, None]))
+        rank = tl.sum((ahead & gin[None, :]).to(tl.int32), axis=1)
+    else:  # j-blocks read the stored EMA back after a barrier (one program), and so does this side
+        tl.debug_barrier()
+        e = tl.load(ema_ptr + g, mask=gin, other=0.0)
+        rank = tl.zeros([BLOCK_G], dtype=tl.int32)
+        for j0 in range(0, G, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            jin = j < G
+            ej = tl.load(ema_ptr + j, mask=jin, other=0.0)
+            ahead = (ej[None, :] > e[:, None]) | ((ej[None, :] == e[:, None]) & (j[None, :] < g[:, None]))
+            rank += tl.sum((ahead & jin[None, :]).to(tl.int32), axis=1)
     if ADAPTIVE:  # keep = the rows' mean count of executing groups x scale64 / 64, rounded half up, in [1, G]
         runs = tl.zeros([BLOCK_G], dtype=tl.int32)
         for b0 in range(0, B, BLOCK_B):
@@ -159,18 +163,29 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, B, G, smb, weight, keep,
     sel = tl.where(step % refresh_every == 0, fresh, sel)
     tl.store(sel_ptr + g, sel, mask=gin)
     tl.store(step_ptr, step + 1)
+    if LIST:  # the selection's groups, ascending, then the others (RoutingPlan.group_list's layout)
+        need = ((sel != 0) & gin).to(tl.int32)
+        before = tl.cumsum(need, 0) - need
+        n = tl.sum(need, 0)
+        tl.store(order_ptr + tl.where(need != 0, before, n + g - before), g, mask=gin)
+        tl.store(n_ptr, n)
 
 
 def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Tensor, step: torch.Tensor,
-                    keep: int | None, memory: float, refresh_every: int, keep_scale: float = 1.0) -> torch.Tensor:
-    """In place over ``ema`` / ``selection`` / ``step``; see `wide.kernels.coherent_select`."""
+                    keep: int | None, memory: float, refresh_every: int, keep_scale: float = 1.0,
+                    groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """In place over ``ema`` / ``selection`` / ``step`` (and ``groups``); see `wide.kernels.coherent_select`."""
     B, G = margin.shape
     if G:
         block_g = max(16, triton.next_power_of_2(G))
-        block_j = max(16, min(block_g, 8192 // block_g))
+        # up to 128 groups: one [G, G] comparison from the same registers; more: blocks of the stored EMA
+        block_j = block_g if block_g <= 128 else max(16, min(block_g, 8192 // block_g))
         block_b = max(2, min(triton.next_power_of_2(B), 4096 // block_g))  # 2D margin tiles of <= 4096
-        _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, B, G, margin.stride(0),
+        order, n = groups if groups is not None else (step, step)
+        _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, order, n, B, G, margin.stride(0),
                                1.0 - float(memory), int(keep) if keep is not None else 0, int(refresh_every),
-                               round(keep_scale * 64), ADAPTIVE=keep is None, BLOCK_G=block_g, BLOCK_J=block_j,
-                               BLOCK_B=block_b, num_warps=4)
+                               round(keep_scale * 64), ADAPTIVE=keep is None, LIST=groups is not None,
+                               BLOCK_G=block_g, BLOCK_J=block_j, BLOCK_B=block_b, num_warps=4)
+    elif groups is not None:
+        groups[1].zero_()
     return selection
