@@ -5,7 +5,8 @@ with 4097 valid keys per row, batch 1 and 16.
 Masks per batch: half the head groups at random, the same for every row (batch-coherent) and independent per
 row (per-token), and all groups. The dense baselines read exactly the valid keys (sliced, no mask), as the
 bench's dense side does. CUDA graph of 20 calls, median of 30 replays (`kernels.py`'s graph timer). Prints
-the six fastest configs per case and the default (``None``), each with its error against masked sdpa.
+the six fastest configs per case and the default (``None``), each with its error against masked sdpa; candidate
+``splits`` 0 / -2 / 2 mean decode_splits' count, half and twice it.
 
     PYTHONPATH=. python3 benchmarks/decode_attention_sweep.py        # H200: ~1-2 min
 """
@@ -27,18 +28,28 @@ GSIZE = HQ // HK  # one routing group per kv head (the bench's default)
 CANDIDATES = [None] + [A(block_n=bn, num_warps=w, num_stages=st, splits=sp)
                        for bn, w, st in ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 3), (32, 4, 3),
                                          (64, 8, 3), (32, 2, 4), (256, 8, 2))
-                       for sp in (0, -2, 2)]  # 0: the default split count; -2 / 2: half / twice it
+                       for sp in (0, -2, 2)]  # 0: decode_splits' count; -2 / 2: half / twice it
+QUICK = [None] + [A(block_n=bn, num_warps=w, num_stages=st, splits=sp)
+                  for bn, w, st, sp in ((64, 4, 3, 0), (64, 4, 2, 0), (64, 8, 3, 0), (64, 4, 3, -2), (32, 4, 3, -2),
+                                        (128, 4, 2, -2), (64, 8, 2, -2), (64, 8, 3, -3))]
 
 
 def main() -> None:
+    import argparse
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from wide.kernels.triton.attention import decode_splits
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, {HQ} q / {HK} kv heads, D={D}, "
           f"{VALID} of {SLOTS} cache slots valid")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--quick", action="store_true", help="a few candidates (~9) instead of 28")
+    args = ap.parse_args()
+    candidates = QUICK if args.quick else CANDIDATES
     tb = get_backend("triton")
-    for B in (1, 16):
+    for B in args.batch:
         q = torch.randn(B, 1, HQ, D, device=DEV, dtype=DT)
         k = torch.randn(B, SLOTS, HK, D, device=DEV, dtype=DT)
         v = torch.randn(B, SLOTS, HK, D, device=DEV, dtype=DT)
@@ -72,7 +83,7 @@ def main() -> None:
             ref = ref_all * mask3.repeat_interleave(GSIZE, -1)[..., None]
             density = mask.float().mean().item()
             res = []
-            for cfg in CANDIDATES:
+            for cfg in candidates:
                 if cfg is not None and cfg.splits:
                     splits = max(1, auto * cfg.splits if cfg.splits > 0 else auto // -cfg.splits)
                     cfg = A(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, splits=splits)

