@@ -148,15 +148,16 @@ def case(module, label, fn, *args, **kwargs):
         errors.append({"module": module, "case": current, "error": traceback.format_exc()[-3000:]})
 
 
-def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False):
+def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False, cfg=None):
     # triton_backend._mn: dense path (cuBLAS + masking epilogue) when chosen, else the default config's kernel
+    # (or the one given)
     group, act_id = N // ng, gemm.ACTIVATIONS[act]
     x, w, w2, b, out = t(M, K), t(N, K), t(N, K) if swiglu else None, t(N) if bias else None, t(M, N)
     mask = t(M, ng, dtype=torch.bool)
     if dense:
         assert M >= gemm.DENSE_MIN_M
         return gemm.gemm_mn_dense(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, False)
-    kernel, cfg = gemm.default_mn_config(M, N, K, group, swiglu)
+    kernel, cfg = cfg or gemm.default_mn_config(M, N, K, group, swiglu)
     cfg = gemm.for_element_size(cfg, x.element_size())
     if kernel == "direct":
         return gemm.gemm_mn_direct(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, cfg)
@@ -211,6 +212,13 @@ for M, K, act, bias in ((1, H, None, True), (1, 4160, "gelu", False), (16, H, "s
     case("gemm", f"gemm_mn M={M} K={K} act={act} bias={bias}", mn, M, H, K, HQ // 4, act=act, bias=bias)
 for act in (None, "silu", "gelu", "relu"):
     case("gemm", f"gemm_mn M=4096 act={act} dense", mn, 4096, H, H, HQ // 4, act=act, bias=True, dense=True)
+# split-K direct tiles (the M=16 q_proj default splits K in two; any config may)
+case("gemm", "gemm_mn M=16 split 2 bias", mn, 16, H, H, HQ // 4, bias=True,
+     cfg=("direct", gemm.GemmConfig(16, 32, 256, 4, 4, split_k=2)))
+case("gemm", "swiglu M=16 split 2", mn, 16, I, H, I // 128, swiglu=True,
+     cfg=("direct", gemm.GemmConfig(16, 128, 128, 4, 4, split_k=2)))
+case("gemm", "gemm_mn GEMV split 2 ragged K", mn, 1, H, 4160, HQ // 4, act="gelu",
+     cfg=("direct", gemm.GemmConfig(1, 4, 512, 4, 4, split_k=2)))
 for M in (1, 16, 128, 4096):  # GEMV (affine / group list) + split-K reduce, 16/64-row tiles, premask + cuBLAS
     case("gemm", f"gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
     case("gemm", f"gemm_k o_proj M={M}{' bias' if M == 16 else ''}", gk, M, H, H, HQ // 4, bias=M == 16)
@@ -287,6 +295,8 @@ PATHS = {
                                 "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],
                                 "j-blocks": lambda c: c["BLOCK_J"] < c["BLOCK_G"]},
     "gemm._gemm_mn_direct_kernel": {
+        "split-K": lambda c: c["SPLIT"] > 1, "split-K swiglu": lambda c: c["SPLIT"] > 1 and c["SWIGLU"],
+        "GEMV split-K": lambda c: c["SPLIT"] > 1 and c["BLOCK_M"] == 1,
         "GEMV": lambda c: c["BLOCK_M"] == 1, "GEMV swiglu": lambda c: c["BLOCK_M"] == 1 and c["SWIGLU"],
         "GEMV ragged K": lambda c: c["BLOCK_M"] == 1 and not c["EVEN_K"],
         "tl.dot": lambda c: c["BLOCK_M"] > 1, "tl.dot swiglu": lambda c: c["BLOCK_M"] > 1 and c["SWIGLU"],

@@ -9,8 +9,9 @@ Kernels
   loads active rows; tiles past the group's count skip the K loop and only write zeros (the output
   rows they cover are the group's inactive tokens). Every output element is written exactly once.
 - ``_gemm_mn_direct_kernel`` (small M, GEMV/skinny GEMM): grid over N tiles x token tiles in natural
-  order; a tile whose groups no token executes skips reading the weights (the bytes win at M=1);
-  otherwise it behaves like a dense skinny GEMM and zeroes masked outputs in the epilogue.
+  order (x K splits); a tile whose groups no token executes skips reading the weights (the bytes win at M=1);
+  otherwise it behaves like a dense skinny GEMM and zeroes masked outputs in the epilogue. With split-K the
+  partials go to an fp32 workspace and the tile's last program to arrive sums them and runs the epilogue.
 - ``_gemm_k_kernel``: grid over (N tile, token tile, K split). Its K loop is either affine over all
   chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
   plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
@@ -168,15 +169,17 @@ def _gemm_mn_perm_kernel(
 
 @triton.jit
 def _gemm_mn_direct_kernel(
-    x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, mask_ptr,
+    x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, mask_ptr, ws_ptr, cnt_ptr,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_w2n, stride_w2k, stride_om, stride_on,
     stride_mm, stride_mg,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr,
-    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -185,6 +188,12 @@ def _gemm_mn_direct_kernel(
     keep = tl.load(mask_ptr + rm64[:, None] * stride_mm + (rn // GROUP)[None, :] * stride_mg,
                    mask=mvalid[:, None], other=0) != 0
     needed = tl.max(tl.max(keep.to(tl.int32), axis=1), axis=0) > 0
+    # split-K: this program's share of the K chunks (the last program of the tile to arrive finishes it)
+    n_chunks = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(n_chunks, SPLIT)
+    lo = pid_s * per
+    hi = tl.minimum(lo + per, n_chunks)
+    out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -193,10 +202,10 @@ def _gemm_mn_direct_kernel(
             # GEMV: elementwise products reduced once at the end keep the weight stream simple
             part = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             part2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            x_ptrs = x_ptr + rm64 * stride_xm + rk * stride_xk
-            w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :] * stride_wk
-            w2_ptrs = w2_ptr + rn[:, None] * stride_w2n + rk[None, :] * stride_w2k
-            for k in range(0, tl.cdiv(K, BLOCK_K)):
+            x_ptrs = x_ptr + rm64 * stride_xm + (lo * BLOCK_K + rk) * stride_xk
+            w_ptrs = w_ptr + rn[:, None] * stride_wn + (lo * BLOCK_K + rk)[None, :] * stride_wk
+            w2_ptrs = w2_ptr + rn[:, None] * stride_w2n + (lo * BLOCK_K + rk)[None, :] * stride_w2k
+            for k in range(lo, hi):
                 if EVEN_K:
                     a = tl.load(x_ptrs)
                     b = tl.load(w_ptrs)
@@ -217,10 +226,10 @@ def _gemm_mn_direct_kernel(
             acc = tl.expand_dims(tl.sum(part, axis=1), 0)
             acc2 = tl.expand_dims(tl.sum(part2, axis=1), 0)
         else:
-            x_ptrs = x_ptr + rm64[:, None] * stride_xm + rk[None, :] * stride_xk
-            w_ptrs = w_ptr + rn[None, :] * stride_wn + rk[:, None] * stride_wk
-            w2_ptrs = w2_ptr + rn[None, :] * stride_w2n + rk[:, None] * stride_w2k
-            for k in range(0, tl.cdiv(K, BLOCK_K)):
+            x_ptrs = x_ptr + rm64[:, None] * stride_xm + (lo * BLOCK_K + rk)[None, :] * stride_xk
+            w_ptrs = w_ptr + rn[None, :] * stride_wn + (lo * BLOCK_K + rk)[:, None] * stride_wk
+            w2_ptrs = w2_ptr + rn[None, :] * stride_w2n + (lo * BLOCK_K + rk)[:, None] * stride_w2k
+            for k in range(lo, hi):
                 if EVEN_K:
                     a = tl.load(x_ptrs, mask=mvalid[:, None], other=0.0)
                     b = tl.load(w_ptrs)
@@ -239,15 +248,40 @@ def _gemm_mn_direct_kernel(
                 x_ptrs += BLOCK_K * stride_xk
                 w_ptrs += BLOCK_K * stride_wk
 
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-    if SWIGLU:
-        acc = acc * tl.sigmoid(acc) * acc2
-    else:
-        acc = _activation(acc, ACT)
-    acc = tl.where(keep, acc, 0.0)
-    out_ptrs = out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None])
+    finish = True
+    if SPLIT > 1:
+        # partials to the fp32 workspace ([SPLIT, M, N], then the up partials), released by the atomic; the
+        # tile's last program sums them in split order (deterministic) and resets the counter (graph replays).
+        # A tile no row needs is all zeros: its first program writes them, the others have nothing to do.
+        finish = False
+        if needed:
+            ok = mvalid[:, None] & (rn < N)[None, :]
+            ws_tile = ws_ptr + rm64[:, None] * N + rn[None, :]
+            tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
+            if SWIGLU:
+                tl.store(ws_tile + (SPLIT + pid_s) * M * N, acc2, mask=ok)
+            tile = pid_m * tl.num_programs(1) + pid_n
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if done == SPLIT - 1:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for sp in tl.static_range(SPLIT):
+                    acc += tl.load(ws_tile + sp * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+                    if SWIGLU:
+                        acc2 += tl.load(ws_tile + (SPLIT + sp) * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(cnt_ptr + tile, 0)
+                finish = True
+        elif pid_s == 0:
+            finish = True
+    if finish:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc = acc * tl.sigmoid(acc) * acc2
+        else:
+            acc = _activation(acc, ACT)
+        acc = tl.where(keep, acc, 0.0)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None])
 
 
 @triton.jit
@@ -516,7 +550,10 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple
         # vs 13.9 / 14.9 with 64 x 128; gate/up 32.8 / 58.9 us with 128 x 128 vs 33.9 / 59.9
         if swiglu:
             return "direct", GemmConfig(16, _pow2_divisor(N, 128), 128, num_warps=4, num_stages=4)
-        return "direct", GemmConfig(16, _pow2_divisor(N, 32), 256, num_warps=4, num_stages=4)
+        # K split in two: q_proj at 50% keeps 64 of its 128 tiles, each 256 KB (10.5 us, 1.6 TB/s on 2026-12-01:
+        # half the SMs idle); two programs per tile fill them (split-K here is untimed as of 2026-12-01)
+        return "direct", GemmConfig(16, _pow2_divisor(N, 32), 256, num_warps=4, num_stages=4,
+                                    split_k=2 if K >= 2048 else 1)
     if M <= DIRECT_MAX_M:
         bm = 32 if M <= 32 else 64
         return "direct", GemmConfig(bm, _pow2_divisor(N, 64), 128, num_warps=4, num_stages=4)
@@ -627,14 +664,19 @@ def gemm_mn_direct(x, weight, weight2, bias, out, mask, group: int, act: int, sw
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
     w2 = weight2 if weight2 is not None else weight
-    grid = (triton.cdiv(M, cfg.block_m), N // cfg.block_n)
+    split = max(1, cfg.split_k)
+    grid = (triton.cdiv(M, cfg.block_m), N // cfg.block_n, split)
+    ws, counters = out, mask  # never read without split-K
+    if split > 1:
+        ws = torch.empty(split * M * N * (2 if swiglu else 1), device=x.device, dtype=torch.float32)
+        counters = arrival_counters(x.device, grid[0] * grid[1])
     _gemm_mn_direct_kernel[grid](
-        x, weight, w2, bias if bias is not None else weight, out, mask,
+        x, weight, w2, bias if bias is not None else weight, out, mask, ws, counters,
         M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), w2.stride(0), w2.stride(1),
         out.stride(0), out.stride(1), mask.stride(0), mask.stride(1),
         GROUP=group, HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT=split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
