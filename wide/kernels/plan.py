@@ -56,8 +56,8 @@ class RoutingPlan:
     def rows_shared(self) -> bool:
         """Whether every row (token) is known to run the same groups, from the mask's layout alone (no tensor
         work): one row, or rows that are one row broadcast (batch-coherent decode's ``selection.expand``)."""
-        rows = self.mask.reshape(-1, self.n_groups)
-        return rows.shape[0] <= 1 or rows.stride(0) == 0
+        # from shapes and strides only (a reshape could copy an oddly strided mask)
+        return all(size <= 1 or stride == 0 for size, stride in zip(self.mask.shape[:-1], self.mask.stride()[:-1]))
 
     def matches(self, mask: torch.Tensor) -> bool:
         """Cheap check that ``mask`` is the mask this plan was built from (shape and storage)."""
