@@ -16,7 +16,8 @@ reported in its own column.
 Routing rows (`router_margin`, `coherent_select`, decode sizes): the "dense" side is the torch
 reference (the eager ops a decode step would launch: RMS norm, two GEMVs, a comparison; or sigmoid,
 mean, lerp, sort, scatter), the routed side the one-launch Triton kernel, both in CUDA graphs;
-"rel err" is the fraction of decisions that differ.
+"rel err" is the fraction of decisions that differ. `coherent_route` rows compare the one launch with the
+two Triton launches it replaces (`router_margin` margins, then `coherent_select`).
 """
 
 from __future__ import annotations
@@ -364,6 +365,22 @@ def run_routing(op: str, B: int, G: int) -> dict:
         up, bias = torch.randn(G, rank, device=DEV) / rank**0.5, torch.zeros(G, device=DEV)
         ref = lambda: wk.router_margin(x, down, up, bias, backend="torch")  # noqa: E731
         fused = lambda: wk.router_margin(x, down, up, bias, backend="triton")  # noqa: E731
+    elif op == "coherent_route":  # the fused step against the two triton launches it replaces
+        x = torch.randn(B, 1, HIDDEN, device=DEV, dtype=DT)
+        down = torch.randn(rank, HIDDEN, device=DEV) / HIDDEN**0.5
+        up, bias = torch.randn(G, rank, device=DEV) / rank**0.5, torch.zeros(G, device=DEV)
+        states = [(torch.zeros(G, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
+                   torch.zeros((), dtype=torch.int64, device=DEV)) for _ in range(2)]
+
+        def ref():
+            m = wk.router_margin(x, down, up, bias, decide=False, backend="triton").view(B, G)
+            return wk.coherent_select(m, *states[0], keep=None, backend="triton")
+
+        fused = lambda: wk.coherent_route(x, down, up, bias, ema=states[1][0], selection=states[1][1],  # noqa: E731
+                                          step=states[1][2], keep=None, backend="triton")
+        err = (ref() != fused()).float().mean().item()
+        return row(op, B, 0.5, "router_margin + coherent_select", bench_graph(ref), bench_graph(fused), None, 0.0,
+                   err, group=G)
     else:
         m = torch.randn(B, G, device=DEV, dtype=DT)
         states = [(torch.zeros(G, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
@@ -419,7 +436,7 @@ def main_table(args) -> list[dict]:
             if quick and S == 4096:
                 continue
             jobs.append(("decode", S, B, 0.5))
-    for op in ("router_margin", "coherent_select"):
+    for op in ("router_margin", "coherent_select", "coherent_route"):
         for B in (1, 16):
             for G in (8, 112):
                 jobs.append(("routing", op, B, G))

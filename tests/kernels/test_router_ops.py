@@ -239,3 +239,52 @@ def test_arrival_counters_grow_without_freeing_what_a_graph_may_hold():
     assert gemm.arrival_counters(dev, 100) is first  # big enough: the same buffer
     bigger = gemm.arrival_counters(dev, first.numel() + 1)
     assert bigger.numel() > first.numel() and any(t is first for t in gemm._RETIRED)
+
+
+@INTERPRET
+@pytest.mark.parametrize("batch,groups,rank", [(1, 8, 16), (3, 70, 24), (16, 112, 32), (16, 448, 32), (5, 20, None)])
+@pytest.mark.parametrize("keep,memory,refresh,scale",
+                         [(None, 0.0, 1, 1.0), (None, 0.5, 2, 1.25), ("half", 0.9, 3, 1.0)])
+def test_coherent_route_is_margin_then_select_in_one_launch(batch, groups, rank, keep, memory, refresh, scale):
+    """`coherent_route` gives exactly the triton `router_margin` + `coherent_select` pair (same margins, same
+    selection, EMA, step and group list) and the reference within float tolerance, step after step."""
+    torch.manual_seed(batch * groups)
+    D = 96
+    down = torch.randn(rank or groups, D) / D**0.5
+    up = torch.randn(groups, rank) / rank**0.5 if rank else None
+    bias = torch.randn(groups) * 0.1
+    keep = groups // 2 if keep == "half" else None
+    xs = [torch.randn(batch, 1, D) * 3 for _ in range(4)]
+
+    def run(fused: bool, backend: str):
+        ema, sel, step = _state(groups)
+        ema.copy_(0.5)
+        lists = (torch.zeros(groups, dtype=torch.int32), torch.zeros(1, dtype=torch.int32))
+        out = []
+        for x in xs:
+            kw = dict(keep=keep, memory=memory, refresh_every=refresh, keep_scale=scale, groups=lists)
+            if fused:
+                kernels.coherent_route(x, down, up, bias, ema=ema, selection=sel, step=step, backend=backend, **kw)
+            else:
+                m = kernels.router_margin(x.view(batch, D), down, up, bias, decide=False, backend=backend)
+                kernels.coherent_select(m, ema, sel, step, backend=backend, **kw)
+            out.append((ema.clone(), sel.clone(), int(step), lists[0].clone(), lists[1].clone()))
+        return out
+
+    fused, pair, ref = run(True, "triton"), run(False, "triton"), run(True, "torch")
+    for (e1, s1, n1, o1, c1), (e2, s2, n2, o2, c2) in zip(fused, pair):
+        assert torch.equal(e1, e2) and torch.equal(s1, s2) and n1 == n2 and torch.equal(o1, o2) and torch.equal(c1, c2)
+    for (e1, s1, n1, _, _), (e2, s2, n2, _, _) in zip(fused, ref):
+        torch.testing.assert_close(e1, e2, rtol=1e-5, atol=1e-6)
+        assert n1 == n2
+
+
+def test_coherent_route_rejects_bad_input():
+    ema, sel, step = _state(4)
+    down = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="x"):
+        kernels.coherent_route(torch.randn(2, 3, 8), down, ema=ema, selection=sel, step=step, keep=None)
+    with pytest.raises(ValueError, match="ema"):
+        kernels.coherent_route(torch.randn(2, 1, 8), down, ema=ema.double(), selection=sel, step=step, keep=None)
+    with pytest.raises(ValueError, match="down"):
+        kernels.coherent_route(torch.randn(2, 1, 8), torch.randn(4, 7), ema=ema, selection=sel, step=step, keep=None)

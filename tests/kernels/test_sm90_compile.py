@@ -103,17 +103,26 @@ class Recorder:
 
 # ---- routing kernels: fixed signatures -------------------------------------------------------------
 for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
-    for has_up, decide, split in ((True, True, 32), (True, False, 1), (False, True, 64)):
+    # (coherent: batch-coherent decode's selection in the last row's program, `coherent_route`)
+    for has_up, decide, split, coherent in ((True, True, 32, None), (True, False, 1, None), (False, True, 64, None),
+                                            (True, False, 32, (True, True, 128, 128)),
+                                            (True, False, 64, (False, False, 512, 16))):
         sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
                "out_ptr": "*u8" if decide else "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "D": "i32",
                "R": "i32", "G": "i32", "CHUNK": "i32", "sxm": "i32", "sdr": "i32", "sug": "i32", "som": "i32",
-               "eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr", "HAS_BIAS": "constexpr",
+               "eps": "fp32", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
+               "n_ptr": "*i32", "M": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32",
+               "scale64": "i32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr", "HAS_BIAS": "constexpr",
                "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_D": "constexpr", "BLOCK_R": "constexpr",
-               "BLOCK_G": "constexpr"}
+               "BLOCK_G": "constexpr", "COHERENT": "constexpr", "ADAPTIVE": "constexpr", "LIST": "constexpr",
+               "BLOCK_GC": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
+        adaptive, listed, bgc, bj = coherent or (False, False, 16, 16)
         consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "SPLIT": split,
-                  "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128}
-        job("router._router_margin_kernel", f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split}",
-            sig, consts)
+                  "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128, "COHERENT": coherent is not None,
+                  "ADAPTIVE": adaptive, "LIST": listed, "BLOCK_GC": bgc, "BLOCK_J": bj,
+                  "BLOCK_B": 16 if bgc <= 128 else 8}
+        job("router._router_margin_kernel",
+            f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent}", sig, consts)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
            "n_ptr": "*i32", "B": "i32", "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32",
@@ -288,6 +297,8 @@ print("RESULT " + json.dumps({"rows": rows, "errors": errors, "kernels": sorted(
 # code paths (constexpr branches) each kernel must be compiled with: name -> predicate over its constexprs
 PATHS = {
     "router._router_margin_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
+                                     "coherent one block": lambda c: c["COHERENT"] and c["BLOCK_J"] == c["BLOCK_GC"],
+                                     "coherent j-blocks": lambda c: c["COHERENT"] and c["BLOCK_J"] < c["BLOCK_GC"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
     "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],

@@ -286,3 +286,35 @@ def test_coherent_decode_plans_reuse_the_selections_group_list(monkeypatch):
         if backend == "triton":
             assert listed and all(listed), "every decode plan came with the selection's group list"
     torch.testing.assert_close(out["triton"], out["torch"], atol=1e-4, rtol=1e-4)
+
+
+def test_coherent_decode_routes_later_steps_in_one_launch(monkeypatch):
+    """With a low-rank router on the fused backend, decode steps after the first take `coherent_route` (margins
+    and selection in one launch) and give the reference backend's tokens and logits."""
+    if not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("interpreter check")
+    import wide.modeling.runtime as rt
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, ffn_group_size=32, router="lowrank"))
+    model.eval()
+    set_coherent_decode(model, refresh_every=2, memory=0.5)
+    ids = torch.randint(3, 96, (3, 6))
+    calls = []
+    real = rt.coherent_route
+    monkeypatch.setattr(rt, "coherent_route", lambda *a, **k: calls.append(k["backend"]) or real(*a, **k))
+    out = {}
+    for backend in ("torch", "triton"):
+        enable_kernels(model, backend)
+        calls.clear()
+        with torch.no_grad():
+            out[backend] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                          output_logits=True, return_dict_in_generate=True)
+        if backend == "triton":
+            n_layers, kinds = model.config.num_hidden_layers, 2
+            assert len(calls) == n_layers * kinds * 2  # decode steps 2 and 3 (step 1 starts the memory)
+        else:
+            assert not calls
+    assert torch.equal(out["triton"].sequences, out["torch"].sequences)
+    for a, b in zip(out["triton"].logits, out["torch"].logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

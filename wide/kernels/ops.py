@@ -12,7 +12,8 @@ Tensor conventions (all backends agree; mask True = execute):
 
 Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
 `router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and
-`coherent_select` (batch-coherent decode's shared top-k with its EMA memory and refresh schedule).
+`coherent_select` (batch-coherent decode's shared top-k with its EMA memory and refresh schedule), and
+`coherent_route`, the two in one launch for a decode step.
 
 Under ``torch.compile`` every op here (and `make_plan`) is a graph break that runs eagerly
 (``torch.compiler.disable``): the compiler fuses the model's own glue between them (norms, RoPE,
@@ -222,6 +223,29 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
         x, down, up, bias, normalize=normalize, eps=eps, decide=decide)
 
 
+def _check_coherent(what: str, g: int, ema, selection, step, keep, memory, refresh_every, keep_scale, groups,
+                    device) -> None:
+    if tuple(ema.shape) != (g,) or ema.dtype != torch.float32:
+        raise ValueError(f"{what}: ema must be float32 [{g}], got {ema.dtype} {tuple(ema.shape)}")
+    if tuple(selection.shape) != (g,) or selection.dtype != torch.bool:
+        raise ValueError(f"{what}: selection must be bool [{g}], got {selection.dtype} {tuple(selection.shape)}")
+    if step.dim() != 0 or step.dtype != torch.int64:
+        raise ValueError(f"{what}: step must be an int64 scalar tensor, got {step.dtype} {tuple(step.shape)}")
+    if keep is not None and not 1 <= keep <= g:
+        raise ValueError(f"{what}: keep must be None or in [1, {g}], got {keep}")
+    if not 0.0 < keep_scale <= 16.0 or round(keep_scale * 64) < 1:
+        raise ValueError(f"{what}: keep_scale must be in (0, 16] (steps of 1/64), got {keep_scale!r}")
+    if keep is not None and keep_scale != 1.0:
+        raise ValueError(f"{what}: keep_scale scales the adaptive count: pass keep=None with it")
+    if not 0.0 <= memory < 1.0 or refresh_every < 1:
+        raise ValueError(f"{what}: memory must be in [0, 1) and refresh_every >= 1, got {memory}, {refresh_every}")
+    if groups is not None:
+        order, n = groups
+        if tuple(order.shape) != (g,) or order.dtype != torch.int32 or tuple(n.shape) != (1,) or \
+                n.dtype != torch.int32 or order.device != device or n.device != device:
+            raise ValueError(f"{what}: groups must be (int32 [{g}], int32 [1]) on {device}")
+
+
 @torch.compiler.disable
 def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: float = 0.0, refresh_every: int = 1,
                     keep_scale: float = 1.0, groups: tuple | None = None, backend: str = "auto"):
@@ -253,29 +277,43 @@ def coherent_select(margin, ema, selection, step, *, keep: int | None, memory: f
     """
     if margin.dim() != 2 or margin.shape[0] == 0:
         raise ValueError(f"coherent_select: margin {tuple(margin.shape)} must be [B >= 1, G]")
-    g = margin.shape[1]
-    if tuple(ema.shape) != (g,) or ema.dtype != torch.float32:
-        raise ValueError(f"coherent_select: ema must be float32 [{g}], got {ema.dtype} {tuple(ema.shape)}")
-    if tuple(selection.shape) != (g,) or selection.dtype != torch.bool:
-        raise ValueError(f"coherent_select: selection must be bool [{g}], got {selection.dtype} "
-                         f"{tuple(selection.shape)}")
-    if step.dim() != 0 or step.dtype != torch.int64:
-        raise ValueError(f"coherent_select: step must be an int64 scalar tensor, got {step.dtype} {tuple(step.shape)}")
-    if keep is not None and not 1 <= keep <= g:
-        raise ValueError(f"coherent_select: keep must be None or in [1, {g}], got {keep}")
-    if not 0.0 < keep_scale <= 16.0 or round(keep_scale * 64) < 1:
-        raise ValueError(f"coherent_select: keep_scale must be in (0, 16] (steps of 1/64), got {keep_scale!r}")
-    if keep is not None and keep_scale != 1.0:
-        raise ValueError("coherent_select: keep_scale scales the adaptive count: pass keep=None with it")
-    if not 0.0 <= memory < 1.0 or refresh_every < 1:
-        raise ValueError(f"coherent_select: memory must be in [0, 1) and refresh_every >= 1, got {memory}, "
-                         f"{refresh_every}")
-    if groups is not None:
-        order, n = groups
-        if tuple(order.shape) != (g,) or order.dtype != torch.int32 or tuple(n.shape) != (1,) or \
-                n.dtype != torch.int32 or order.device != margin.device or n.device != margin.device:
-            raise ValueError(f"coherent_select: groups must be (int32 [{g}], int32 [1]) on {margin.device}")
+    _check_coherent("coherent_select", margin.shape[1], ema, selection, step, keep, memory, refresh_every, keep_scale,
+                    groups, margin.device)
     call = dict(margin=margin, ema=ema, selection=selection, step=step)
     return dispatch.choose("coherent_select", backend, call, margin.device).coherent_select(
         margin, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every, keep_scale=keep_scale,
         groups=groups)
+
+
+@torch.compiler.disable
+def coherent_route(x, down, up=None, bias=None, *, ema, selection, step, keep: int | None, memory: float = 0.0,
+                   refresh_every: int = 1, keep_scale: float = 1.0, groups: tuple | None = None,
+                   normalize: bool = True, eps: float = 1e-6, backend: str = "auto"):
+    """A decode step's batch-coherent routing from the residual stream: `router_margin`'s margins of every row,
+    then `coherent_select` over them (same arguments, same results), in one launch on the triton backend (the
+    rows' programs write their margins and the last one runs the selection).
+
+    Args:
+        x: ``[B, 1, D]`` or ``[B, D]``: one decode token per row.
+        down, up, bias, normalize, eps: the router, as in `router_margin`.
+        ema, selection, step, keep, memory, refresh_every, keep_scale, groups: the state and schedule, as in
+            `coherent_select`.
+
+    Returns:
+        ``selection`` (updated).
+    """
+    if down.dim() != 2 or down.shape[1] != x.shape[-1]:
+        raise ValueError(f"coherent_route: down {tuple(down.shape)} must be [R, {x.shape[-1]}]")
+    if up is not None and (up.dim() != 2 or up.shape[1] != down.shape[0]):
+        raise ValueError(f"coherent_route: up {tuple(up.shape)} must be [G, {down.shape[0]}]")
+    g = up.shape[0] if up is not None else down.shape[0]
+    if bias is not None and tuple(bias.shape) != (g,):
+        raise ValueError(f"coherent_route: bias {tuple(bias.shape)} must be [{g}]")
+    if x.dim() not in (2, 3) or (x.dim() == 3 and x.shape[1] != 1) or x.shape[0] == 0:
+        raise ValueError(f"coherent_route: x {tuple(x.shape)} must be [B >= 1, 1, D] or [B >= 1, D]")
+    _check_coherent("coherent_route", g, ema, selection, step, keep, memory, refresh_every, keep_scale, groups,
+                    x.device)
+    call = dict(x=x, down=down, up=up, bias=bias, ema=ema, selection=selection, step=step)
+    return dispatch.choose("coherent_route", backend, call, x.device).coherent_route(
+        x, down, up, bias, ema, selection, step, keep=keep, memory=memory, refresh_every=refresh_every,
+        keep_scale=keep_scale, groups=groups, normalize=normalize, eps=eps)

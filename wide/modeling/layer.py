@@ -45,9 +45,14 @@ class WideLayer(nn.Module):
         coherent = self.runtime.coherent
         backend = self.backend if self.use_kernels() else "torch"
         if coherent is not None and not self.training and residual.shape[1] == 1:
+            state = self._coherent.setdefault(kind, {})
+            weights = router.margin_weights() if backend != "torch" else None
+            if weights is not None and state.get("ema") is not None and state["ema"].shape == (router.num_groups,):
+                # a linear / low-rank router on the fused backend, past the first step: margins and selection
+                # in one launch
+                return coherent.route(state, residual, weights, router.expected_sparsity(), backend=backend)
             margin = router.execute_decision(residual, backend=backend, margin=True)
-            return coherent.select(self._coherent.setdefault(kind, {}), margin, router.expected_sparsity(),
-                                   backend=backend)
+            return coherent.select(state, margin, router.expected_sparsity(), backend=backend)
         builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
         if builtin and not self.training:
             # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from wide.kernels import coherent_select
+from wide.kernels import coherent_route, coherent_select
 
 KINDS = ("attn", "ffn")
 
@@ -131,6 +131,20 @@ class CoherentDecode:
                               memory=self.memory, refresh_every=self.refresh_every,
                               keep_scale=self.keep_scale if keep is None else 1.0, groups=state.get("groups"),
                               backend=backend)
+        return sel.expand(b, 1, g)
+
+    def route(self, state: dict, hidden: torch.Tensor, weights: tuple, target: float, backend: str) -> torch.Tensor:
+        """:meth:`select` of the margins `wide.kernels.router_margin` would give for ``weights`` (a router's
+        ``margin_weights()``), from the decode step's residual ``hidden [B, 1, D]``, in one launch on triton
+        (`wide.kernels.coherent_route`). The state must exist (the sequence's first step goes through
+        :meth:`select`, which starts the memory from that step's margins)."""
+        down, up, bias, normalize = weights
+        b, g = hidden.shape[0], state["selection"].shape[0]
+        keep = max(1, min(g, math.ceil((1.0 - target) * g - 1e-9))) if self.keep == "target" else None
+        sel = coherent_route(hidden, down, up, bias, ema=state["ema"], selection=state["selection"],
+                             step=state["step"], keep=keep, memory=self.memory, refresh_every=self.refresh_every,
+                             keep_scale=self.keep_scale if keep is None else 1.0, groups=state.get("groups"),
+                             normalize=normalize, backend=backend)
         return sel.expand(b, 1, g)
 
 

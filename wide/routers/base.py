@@ -78,6 +78,11 @@ class Router(nn.Module):
         m = self.execute_margin(hidden)
         return m.float() if margin else m >= 0
 
+    def margin_weights(self):
+        """``(down, up, bias, normalize)`` when the eval margin is `wide.kernels.router_margin` of these tensors
+        (then batch-coherent decode routes a step in one `wide.kernels.coherent_route` launch), else ``None``."""
+        return None
+
     def expected_sparsity(self) -> float:
         """The skip rate this router is expected to realize (its target unless it knows better).
 

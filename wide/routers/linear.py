@@ -31,6 +31,10 @@ class LinearRouter(Router):
         w, b = self._fold.weights(self.proj)
         return router_margin(hidden, w, None, b, normalize=self.normalize, decide=not margin, backend=backend)
 
+    def margin_weights(self):
+        w, b = self._fold.weights(self.proj)
+        return (w, None, b, self.normalize)
+
     def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden
         return x.to(self.proj.weight.dtype)

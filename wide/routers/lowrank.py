@@ -47,6 +47,9 @@ class LowRankRouter(Router):
         return router_margin(hidden, self.down.weight, *self._fold.weights(self.up), normalize=self.normalize,
                              decide=not margin, backend=backend)
 
+    def margin_weights(self):
+        return (self.down.weight, *self._fold.weights(self.up), self.normalize)
+
     def _input(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden
         return x.to(self.down.weight.dtype)

@@ -11,7 +11,7 @@ import difflib
 from typing import ClassVar
 
 OPS: tuple[str, ...] = ("gemm_mn", "swiglu", "gemm_k", "attention_prefill", "attention_decode", "router_margin",
-                        "coherent_select")
+                        "coherent_select", "coherent_route")
 
 _BACKENDS: dict[str, type["KernelBackend"]] = {}
 _INSTANCES: dict[str, "KernelBackend"] = {}

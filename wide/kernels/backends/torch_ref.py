@@ -126,6 +126,13 @@ class TorchBackend(KernelBackend):
             groups[1].copy_(selection.sum().view(1))
         return selection
 
+    def coherent_route(self, x, down, up, bias, ema, selection, step, *, keep, memory=0.0, refresh_every=1,
+                       keep_scale=1.0, groups=None, normalize=True, eps=1e-6):
+        margin = self.router_margin(x.reshape(x.shape[0], x.shape[-1]), down, up, bias, normalize=normalize, eps=eps,
+                                    decide=False)
+        return self.coherent_select(margin, ema, selection, step, keep=keep, memory=memory,
+                                    refresh_every=refresh_every, keep_scale=keep_scale, groups=groups)
+
 
 def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
     if out is None:

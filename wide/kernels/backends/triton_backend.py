@@ -291,6 +291,27 @@ class TritonBackend(KernelBackend):
             ok, why = False, "needs contiguous groups"
         return ok, why
 
+    def verify_coherent_route(self, x, down, up, bias, ema, selection, step, **_):
+        ok, why = self.verify_router_margin(x, down, up, bias)
+        if ok:
+            ok, why = _device_ok(x, ema, selection, step)
+        g = up.shape[0] if up is not None else down.shape[0]
+        if ok and g > 4096:
+            ok, why = False, f"{g} groups > 4096"
+        if ok and not (ema.is_contiguous() and selection.is_contiguous()):
+            ok, why = False, "needs a contiguous state"
+        return ok, why
+
+    def coherent_route(self, x, down, up, bias, ema, selection, step, *, keep, memory=0.0, refresh_every=1,
+                       keep_scale=1.0, groups=None, normalize=True, eps=1e-6):
+        from ..triton import router as tr
+
+        x2 = x.reshape(x.shape[0], x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        return tr.coherent_route(x2, down, up, bias, normalize, eps, ema, selection, step, keep, memory, refresh_every,
+                                 keep_scale, groups)
+
     def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):
         from ..triton import router as tr
 

@@ -18,13 +18,19 @@ from .gemm import arrival_counters
 
 @triton.jit
 def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, D, R, G, CHUNK,
-                          sxm, sdr, sug, som, eps, NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
+                          sxm, sdr, sug, som, eps,
+                          ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, M, weight, keep, refresh_every, scale64,
+                          NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, SPLIT: tl.constexpr,
-                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                          COHERENT: tl.constexpr, ADAPTIVE: tl.constexpr, LIST: tl.constexpr,
+                          BLOCK_GC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
     # program (row, s): the first GEMV over columns [s * CHUNK, (s + 1) * CHUNK) of x and ``down``, so that
     # SPLIT programs per row stream the router's weights at once; each writes its partial sums, and the
     # row's last program to finish (an atomic counter) adds them in split order (deterministic), then
     # does the norm, the second GEMV, the bias and the comparison. It resets the counter for the next call.
+    # COHERENT: the margins' rows then meet at one more counter (slot M), and the last row's program runs
+    # batch-coherent decode's selection over all of them (`_coherent_step`): routing a decode step in one launch.
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -71,44 +77,93 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                 tl.store(out_ptr + row * som + g, (m >= 0).to(tl.uint8), mask=gin)
             else:
                 tl.store(out_ptr + row * som + g, m, mask=gin)
+        if COHERENT:
+            rows_done = tl.atomic_add(cnt_ptr + M, 1, sem="acq_rel")  # releases this row's margins
+            if rows_done == M - 1:
+                tl.store(cnt_ptr + M, 0)
+                _coherent_step(out_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, M, G, som, weight, keep,
+                               refresh_every, scale64, ADAPTIVE, LIST, BLOCK_GC, BLOCK_J, BLOCK_B, True)
 
 
-def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
-                  normalize: bool, eps: float, decide: bool) -> torch.Tensor:
-    """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
+def _coherent_blocks(B: int, G: int) -> tuple[int, int, int]:
+    """(BLOCK_G, BLOCK_J, BLOCK_B) of the selection step over ``B`` rows of ``G`` groups."""
+    block_g = max(16, triton.next_power_of_2(G))
+    # up to 128 groups: one [G, G] comparison from the same registers; more: blocks of the stored EMA
+    block_j = block_g if block_g <= 128 else max(16, min(block_g, 8192 // block_g))
+    block_b = max(2, min(triton.next_power_of_2(B), 4096 // block_g))  # 2D margin tiles of <= 4096
+    return block_g, block_j, block_b
+
+
+def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Tensor, decide: bool,
+                   coherent: dict | None = None) -> None:
     M, D = x.shape
     R = down.shape[0]
-    G = up.shape[0] if up is not None else R
-    out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
-    if M == 0 or G == 0:
-        return out
-    if M > 64:
-        raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
-    dst = out.view(torch.uint8) if decide else out
+    G = dst.shape[1]
     block_r = max(16, triton.next_power_of_2(R))
     block_d = max(16, min(triton.next_power_of_2(D), 4096 // block_r))
     block_g = max(16, min(triton.next_power_of_2(G), 4096 // block_r))
     # one BLOCK_D chunk per program where D allows (up to 64 per row), whatever the row count: the loop over
-    # chunks waits on memory once per trip (H200: 4.5 us at one row with one trip, 9.2 us at 16 rows when the
-    # split was capped at ~128 programs in all, four trips; the uncapped split at 16 rows is untimed).
+    # chunks waits on memory once per trip (H200: 4.5 us at one row with one trip; 9.2 us at 16 rows when the
+    # split was capped at ~128 programs in all, four trips, 5.3 us uncapped).
     # SPLIT stays a power of two (the finishing program loads all partials as one block), trimmed to the
     # programs that cover D
     n_blocks = triton.cdiv(D, block_d)
     split = min(triton.next_power_of_2(n_blocks), 64)
     chunk = triton.cdiv(n_blocks, split) * block_d
     split = triton.next_power_of_2(triton.cdiv(D, chunk))
-    parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else out
+    parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else dst
+    c = coherent or {}
+    step = c.get("step", dst)  # never read without COHERENT
+    order, n = c.get("groups") or (step, step)
+    bg, bj, bb = _coherent_blocks(M, G) if coherent else (16, 16, 2)
     _router_margin_kernel[(M, split)](
         x, down, up if up is not None else down, bias if bias is not None else down, dst, parts,
-        arrival_counters(x.device, M), D, R, G, chunk,
+        arrival_counters(x.device, M + 1), D, R, G, chunk,
         x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
+        c.get("ema", dst), c["selection"].view(torch.uint8) if coherent else dst, step, order, n, M,
+        1.0 - float(c.get("memory", 0.0)), int(c["keep"]) if c.get("keep") is not None else 0,
+        int(c.get("refresh_every", 1)), round(c.get("keep_scale", 1.0) * 64),
         NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
-        SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
+        SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g,
+        COHERENT=coherent is not None, ADAPTIVE=coherent is not None and c.get("keep") is None,
+        LIST=c.get("groups") is not None, BLOCK_GC=bg, BLOCK_J=bj, BLOCK_B=bb, num_warps=4)
+
+
+def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
+                  normalize: bool, eps: float, decide: bool) -> torch.Tensor:
+    """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
+    M, D = x.shape
+    G = up.shape[0] if up is not None else down.shape[0]
+    out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
+    if M == 0 or G == 0:
+        return out
+    if M > 64:
+        raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
+    _margin_launch(x, down, up, bias, normalize, eps, out.view(torch.uint8) if decide else out, decide)
     return out
 
 
+def coherent_route(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
+                   normalize: bool, eps: float, ema: torch.Tensor, selection: torch.Tensor, step: torch.Tensor,
+                   keep: int | None, memory: float, refresh_every: int, keep_scale: float = 1.0,
+                   groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """`router_margin` then `coherent_select` in one launch; see `wide.kernels.coherent_route`."""
+    M, D = x.shape
+    G = up.shape[0] if up is not None else down.shape[0]
+    if M > 64:
+        raise ValueError(f"coherent_route: the kernel takes up to 64 rows, got {M}")
+    margin = torch.empty(M, G, device=x.device, dtype=torch.float32)
+    if G:
+        _margin_launch(x, down, up, bias, normalize, eps, margin, False,
+                       dict(ema=ema, selection=selection, step=step, groups=groups, keep=keep, memory=memory,
+                            refresh_every=refresh_every, keep_scale=keep_scale))
+    elif groups is not None:
+        groups[1].zero_()
+    return selection
+
+
 @triton.jit
-def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight, BLOCK_B: tl.constexpr):
+def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight, BLOCK_B: tl.constexpr, FRESH: tl.constexpr):
     # groups ``idx``: lerp(ema, mean_b sigmoid(margin[b]), weight) with torch.lerp's two formulas (exact at
     # both ends). The rows are read BLOCK_B at a time, one 2D load each (a load per row, in a loop, left the
     # kernel waiting on memory B times per pass: 8.7 us at 16 rows x 112 groups on the H200)
@@ -116,7 +171,11 @@ def _updated_ema(m_ptr, ema_ptr, idx, inb, B, smb, weight, BLOCK_B: tl.constexpr
     for b0 in range(0, B, BLOCK_B):
         b = b0 + tl.arange(0, BLOCK_B)
         bin_ = b < B
-        m = tl.load(m_ptr + b[:, None] * smb + idx[None, :], mask=bin_[:, None] & inb[None, :], other=0.0)
+        if FRESH:  # margins other programs of this launch just wrote: read past L1
+            m = tl.load(m_ptr + b[:, None] * smb + idx[None, :], mask=bin_[:, None] & inb[None, :], other=0.0,
+                        cache_modifier=".cg")
+        else:
+            m = tl.load(m_ptr + b[:, None] * smb + idx[None, :], mask=bin_[:, None] & inb[None, :], other=0.0)
         p += tl.sum(tl.where(bin_[:, None], tl.sigmoid(m.to(tl.float32)), 0.0), axis=0)
     p = p / B
     old = tl.load(ema_ptr + idx, mask=inb, other=0.0)
@@ -128,9 +187,18 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, B, G, 
                      scale64, ADAPTIVE: tl.constexpr, LIST: tl.constexpr, BLOCK_G: tl.constexpr,
                      BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
     # one program: G is the number of groups of one layer and kind (tens to hundreds)
+    _coherent_step(m_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, B, G, smb, weight, keep, refresh_every,
+                   scale64, ADAPTIVE, LIST, BLOCK_G, BLOCK_J, BLOCK_B, False)
+
+
+@triton.jit
+def _coherent_step(m_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, B, G, smb, weight, keep, refresh_every,
+                   scale64, ADAPTIVE: tl.constexpr, LIST: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, FRESH: tl.constexpr):
+    # the selection step, run by one program (the coherent kernel's, or the router kernel's last one)
     g = tl.arange(0, BLOCK_G)
     gin = g < G
-    e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight, BLOCK_B)
+    e = _updated_ema(m_ptr, ema_ptr, g, gin, B, smb, weight, BLOCK_B, FRESH)
     tl.store(ema_ptr + g, e, mask=gin)
     # rank of each group by the new EMA, ties to the lower index; both sides of every comparison must be the
     # same value (a group whose two copies differed in the last bit broke the ranking: H200, 16 rows x 448
@@ -153,7 +221,10 @@ def _coherent_kernel(m_ptr, ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, B, G, 
         for b0 in range(0, B, BLOCK_B):
             b = b0 + tl.arange(0, BLOCK_B)
             ok = (b < B)[:, None] & gin[None, :]
-            mb = tl.load(m_ptr + b[:, None] * smb + g[None, :], mask=ok, other=-1.0)
+            if FRESH:
+                mb = tl.load(m_ptr + b[:, None] * smb + g[None, :], mask=ok, other=-1.0, cache_modifier=".cg")
+            else:
+                mb = tl.load(m_ptr + b[:, None] * smb + g[None, :], mask=ok, other=-1.0)
             runs += tl.sum(((mb >= 0) & ok).to(tl.int32), axis=0)
         total = tl.sum(runs, axis=0).to(tl.int64)
         keep = tl.minimum(tl.maximum((2 * scale64 * total + 64 * B) // (128 * B), 1), G)
@@ -177,10 +248,7 @@ def coherent_select(margin: torch.Tensor, ema: torch.Tensor, selection: torch.Te
     """In place over ``ema`` / ``selection`` / ``step`` (and ``groups``); see `wide.kernels.coherent_select`."""
     B, G = margin.shape
     if G:
-        block_g = max(16, triton.next_power_of_2(G))
-        # up to 128 groups: one [G, G] comparison from the same registers; more: blocks of the stored EMA
-        block_j = block_g if block_g <= 128 else max(16, min(block_g, 8192 // block_g))
-        block_b = max(2, min(triton.next_power_of_2(B), 4096 // block_g))  # 2D margin tiles of <= 4096
+        block_g, block_j, block_b = _coherent_blocks(B, G)
         order, n = groups if groups is not None else (step, step)
         _coherent_kernel[(1,)](margin, ema, selection.view(torch.uint8), step, order, n, B, G, margin.stride(0),
                                1.0 - float(memory), int(keep) if keep is not None else 0, int(refresh_every),
