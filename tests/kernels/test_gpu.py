@@ -217,3 +217,51 @@ def test_coherent_select_and_graph_replay(B, G, adaptive):
     torch.cuda.synchronize()
     torch.testing.assert_close(graph_state[0], ref[0], rtol=1e-6, atol=1e-6)
     assert torch.equal(graph_state[1], ref[1]) and int(graph_state[2]) == int(ref[2])
+
+
+@pytest.mark.parametrize("B,G", [(1, 8), (16, 112), (16, 448)])
+def test_coherent_route_equals_the_two_launches_and_replays(B, G):
+    """The one-launch decode routing (margins, then the last row's program selecting) equals `router_margin` +
+    `coherent_select` on the GPU (margins from the same code, so exactly), also replayed from a CUDA graph."""
+    D, R = 4096, 32
+    torch.manual_seed(B + G)
+    down = (torch.randn(R, D, device=DEV) / D**0.5).to(torch.bfloat16)
+    up = (torch.randn(G, R, device=DEV) / R**0.5).to(torch.bfloat16)
+    bias = torch.zeros(G, device=DEV, dtype=torch.bfloat16)
+    xs = [(torch.randn(B, 1, D, device=DEV) * 3).to(torch.bfloat16) for _ in range(4)]
+
+    def state():
+        return (torch.full((G,), 0.5, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
+                torch.zeros((), dtype=torch.int64, device=DEV),
+                (torch.zeros(G, dtype=torch.int32, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV)))
+
+    def pair(x, st):
+        m = wk.router_margin(x, down, up, bias, decide=False, backend="triton").view(B, G)
+        wk.coherent_select(m, *st[:3], keep=None, memory=0.5, refresh_every=2, groups=st[3], backend="triton")
+
+    def fused(x, st):
+        wk.coherent_route(x, down, up, bias, ema=st[0], selection=st[1], step=st[2], keep=None, memory=0.5,
+                          refresh_every=2, groups=st[3], backend="triton")
+
+    def same(a, b):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and int(a[2]) == int(b[2])
+        assert torch.equal(a[3][0], b[3][0]) and torch.equal(a[3][1], b[3][1])
+
+    ref, got = state(), state()
+    for x in xs:
+        pair(x, ref)
+        fused(x, got)
+        torch.cuda.synchronize()
+        same(got, ref)
+    static, graph_state, ref = torch.empty_like(xs[0]), state(), state()
+    fused(static.copy_(xs[0]), graph_state)  # warm-up: compiles, makes the arrival counters
+    pair(xs[0], ref)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused(static, graph_state)
+    for x in xs[1:]:
+        static.copy_(x)
+        graph.replay()
+        pair(x, ref)
+    torch.cuda.synchronize()
+    same(graph_state, ref)
