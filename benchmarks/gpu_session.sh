@@ -99,6 +99,11 @@ _decode)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   $W bench --fuse-glue --prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent \
     --json /tmp/res/bench_decode.json 2>&1 | tee /tmp/res/bench_decode.md
+  # the same with untrained low-rank routers calibrated to each rate: a trained router's kernels and launches
+  # (router_margin per token; coherent_route for coherent decode)
+  $W bench --fuse-glue --router lowrank --prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent \
+    --json /tmp/res/bench_decode_lowrank.json 2>&1 | tee /tmp/res/bench_decode_lowrank.md
+  python3 benchmarks/kernels.py --ops router_margin,coherent_select,coherent_route 2>&1 | tee /tmp/res/kernels_routing.md
   python3 benchmarks/decode_attention_sweep.py --batch 16 --quick 2>&1 | tee /tmp/res/decode_attention_sweep_b16.txt
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   echo DECODE_DONE

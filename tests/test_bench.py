@@ -27,6 +27,27 @@ def test_bench_runs_and_writes_json(tmp_path, tiny_model_dir, capsys):
     assert abs(half["realized_by_weight"] - half["realized"]) < 0.15
 
 
+def test_bench_calibrates_untrained_lowrank_routers_to_each_rate(tmp_path, tiny_model_dir):
+    """`--router lowrank`: random low-rank routers whose execute biases are shifted to the target's quantile skip
+    about the target share at prefill, and their density hint follows each row's rate."""
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--prefill", "64", "--decode-batch", "2", "--context", "8",
+                "--sparsity", "0", "0.5", "--router", "lowrank", "--coherent", "--iters", "1", "--ffn-group-size",
+                "32", "--attn-group-size", "2", "--dtype", "fp32", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    prefill = {r["sparsity"]: r for r in rows if r["phase"] == "prefill"}
+    assert prefill[0]["realized"] == 0.0
+    assert 0.3 < prefill[0.5]["realized"] < 0.7
+    assert {r["routing"] for r in rows if r["phase"] == "decode"} == {"per-token", "coherent"}
+
+
+def test_bench_rejects_router_with_checkpoint(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit, match="--router"):
+        bench_main(["--checkpoint", str(tmp_path / "r.safetensors"), "--router", "lowrank"])
+
+
 def test_decode_nll_equals_teacher_forced_forward():
     import torch
 

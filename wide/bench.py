@@ -364,7 +364,7 @@ def run(args) -> list[dict]:
         load_trained(model, args.checkpoint)
         sparsities = [cfg.sparsity]
     else:
-        cfg = wide.WideConfig(sparsity=max(args.sparsity), router="random", attn_group_size=args.attn_group_size,
+        cfg = wide.WideConfig(sparsity=max(args.sparsity), router=args.router, attn_group_size=args.attn_group_size,
                               ffn_group_size=args.ffn_group_size, backend=args.backend)
         wide.apply_wide(model, cfg)
         sparsities = args.sparsity
@@ -378,9 +378,11 @@ def run(args) -> list[dict]:
     variants = [("per-token", None, 1.0)] + ([(_coherent_name(s), args.coherent_refresh, s)
                                               for s in args.coherent_keep_scale] if args.coherent else [])
     for s in sparsities:
-        if not args.checkpoint:
+        if not args.checkpoint and args.router == "random":
             for r in routers:
                 r.rate = s
+        elif not args.checkpoint:
+            calibrate_routers(model, s, tokens=min(512, max(args.prefill, default=512)))
         for t in args.prefill:
             for graph in prefill_modes:
                 ms, rmode = time_prefill(t, graph)
@@ -402,6 +404,64 @@ def run(args) -> list[dict]:
                 del runner
         wide.modeling.inference.set_coherent_decode(model, None)
     return rows
+
+
+@torch.no_grad()
+def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2, seed: int = 0) -> None:
+    """Make untrained linear / low-rank routers skip ``sparsity`` of their (token, group) pairs (bench only).
+
+    `wide bench --router lowrank` times the router a trained model would run (its kernels and launches), with
+    random weights: each router's execute bias is shifted by the ``sparsity`` quantile of its margins per group,
+    over the residual streams of one prompt of ``tokens`` random ids (``passes`` times, as each layer's input
+    depends on the routers before it), and its expected rate (the kernels' density hint) set to ``sparsity``.
+    The rates it then realizes are the bench's "realized" columns.
+    """
+    import dataclasses
+
+    import wide
+
+    layers = wide.modeling.runtime_of(model).layers
+    routers = [(i, k, r) for i, wl in enumerate(layers) for k, r in wl.routers.items()]
+    for _, _, r in routers:
+        bias = _execute_bias(r)
+        if bias is None:
+            raise ValueError(f"--router: {type(r).__name__} has no execute bias to calibrate (linear / lowrank only)")
+        r.spec = dataclasses.replace(r.spec, target_sparsity=float(sparsity))
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen).to(device)
+    for _ in range(passes):
+        seen: dict = {}
+        for i, k, r in routers:
+            real = type(r).execute_decision
+
+            def record(hidden, backend="torch", margin=False, _r=r, _real=real, _key=(i, k)):
+                if _key not in seen:
+                    seen[_key] = hidden.reshape(-1, hidden.shape[-1]).clone()
+                return _real(_r, hidden, backend=backend, margin=margin)
+
+            r.execute_decision = record  # this instance only, for one forward
+        try:
+            model(input_ids=ids, use_cache=False)
+        finally:
+            for _, _, r in routers:
+                del r.execute_decision
+        for i, k, r in routers:
+            if (i, k) not in seen:
+                continue
+            m = r.execute_decision(seen[(i, k)], margin=True).float()  # [tokens, G]
+            q = torch.quantile(m, float(sparsity), dim=0) if sparsity > 0 else m.amin(0) - 1.0
+            _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
+
+
+def _execute_bias(router):
+    """The execute rows' bias (interleaved execute / skip outputs) of a linear or low-rank router, or None."""
+    layer = getattr(router, "up", None)
+    layer = layer if layer is not None else getattr(router, "proj", None)
+    if layer is None or getattr(layer, "bias", None) is None:
+        return None
+    return layer.bias.view(-1, 2)[:, 0]  # a view of the parameter: in-place changes bump its version (the folded
+    # margin cache sees them; `.data` would not)
 
 
 def _decode_usage(model) -> tuple[float, float]:
@@ -568,6 +628,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-group-size", type=int, default=None)
     p.add_argument("--ffn-group-size", type=int, default=128)
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
+    p.add_argument("--router", choices=["random", "lowrank"], default="random",
+                   help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
+                        "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
+                        "kernels and cost)")
     p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
     p.add_argument("--coherent-refresh", type=int, default=1)
     p.add_argument("--coherent-keep-scale", type=float, nargs="+", default=[1.0],
@@ -603,6 +667,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     for v in args.coherent_keep_scale:
         if not 0 < v <= 16:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
+    if args.checkpoint and args.router != "random":
+        raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
     t0 = time.time()
     if args.quality:
         return quality_main(args)
