@@ -106,6 +106,7 @@ _decode)
   python3 benchmarks/kernels.py --ops router_margin,coherent_select,coherent_route 2>&1 | tee /tmp/res/kernels_routing.md
   python3 benchmarks/decode_attention_sweep.py --batch 16 --quick 2>&1 | tee /tmp/res/decode_attention_sweep_b16.txt
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
+  python3 benchmarks/profile_decode.py --batch 16 --coherent --router lowrank > /tmp/res/profile_graph_decode_b16c_lowrank.txt 2>&1
   echo DECODE_DONE
   ;;
 _smollm)

@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--coherent", action="store_true")
     ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
     ap.add_argument("--attn-group-size", type=int, default=None)
+    ap.add_argument("--router", choices=["random", "lowrank"], default="random",
+                    help="as `wide bench --router` (lowrank: calibrated untrained low-rank routers)")
     ap.add_argument("--no-fuse-glue", action="store_true")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -72,16 +74,21 @@ def main() -> None:
     del runner
     model.config._attn_implementation, _slice_len[0] = base, None
 
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random",
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router=args.router,
                                                 ffn_group_size=args.ffn_group_size,
                                                 attn_group_size=args.attn_group_size))
     model.eval()
     enable_kernels(model)
     if not args.no_fuse_glue:
         fuse_glue(model)
-    for wl in wide.modeling.runtime_of(model).layers:
-        for r in wl.routers.values():
-            r.rate = args.sparsity
+    if args.router == "random":
+        for wl in wide.modeling.runtime_of(model).layers:
+            for r in wl.routers.values():
+                r.rate = args.sparsity
+    else:
+        from wide.bench import calibrate_routers
+
+        calibrate_routers(model, args.sparsity)
     if args.coherent:
         wide.set_coherent_decode(model, 1)
     runner = DecodeRunner(model, args.batch, args.context, True)
