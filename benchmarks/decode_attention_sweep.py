@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph  # noqa: E402  (benchmarks/kernels.py)
+from kernels import bench_graph, print_fastest  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend  # noqa: E402
 from wide.kernels.triton.attention import AttentionConfig as A  # noqa: E402
 
@@ -95,10 +95,8 @@ def main() -> None:
                     res.append((bench_graph(fn) * 1e3, str(cfg), f"{err:.1e}"))
                 except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
                     res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
-            best = sorted(res)[:6]
-            for t, c, err in best + [r for r in res if r[1] == "None" and r not in best]:
-                print(f"  {label:14s} {t:7.1f} us  {best_dense / t:5.2f}x  {nbytes * density / t / 1e6:5.2f} TB/s  "
-                      f"rel err {err}  {c}", flush=True)
+            print_fastest(res, lambda t, c, err: f"  {label:14s} {t:7.1f} us  {best_dense / t:5.2f}x  "
+                                                 f"{nbytes * density / t / 1e6:5.2f} TB/s  rel err {err}  {c}")
 
 
 if __name__ == "__main__":

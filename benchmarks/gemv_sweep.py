@@ -5,8 +5,8 @@ Each timed call reads a different one of 8 weight copies, as a model's layers do
 otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernels.py` reuses one
 weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0;
 ("list" configs are timed with the plan's group list already built, i.e. without its launch; "local" builds
-each tile's list inside the GEMM); with ``--m 16`` the 50% masks are both batch-coherent (every row the same groups, as coherent decode makes
-them) and per-token (independent rows). Prints the six fastest configs per case, plus the default (``None``).
+each tile's list inside the GEMM); with ``--m 16`` the 50% masks are both batch-coherent (every row the same
+groups, as coherent decode makes them) and per-token (independent rows). Prints the six fastest configs per case, plus the default (``None``).
 
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py            # batch 1 (H200: ~1 min)
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py --m 16     # batch 16
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph  # noqa: E402  (benchmarks/kernels.py)
+from kernels import bench_graph, print_fastest  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
 
@@ -108,10 +108,8 @@ def main() -> None:
                     res.append((graph_us(fns), str(cfg), err))
                 except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
                     res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
-            best = sorted(res)[:6]
-            for t, c, err in best + [r for r in res if r[1] == "None" and r not in best]:
-                print(f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  {nbytes * density / t / 1e6:5.2f} TB/s  "
-                      f"rel err {err}  {c}", flush=True)
+            print_fastest(res, lambda t, c, err: f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  "
+                                                 f"{nbytes * density / t / 1e6:5.2f} TB/s  rel err {err}  {c}")
 
 
 if __name__ == "__main__":

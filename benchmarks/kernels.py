@@ -115,6 +115,14 @@ def bench_graph(fn, inner: int = 20, reps: int = 30) -> float:
     return statistics.median(times)
 
 
+def print_fastest(results: list, line, keep: int = 6) -> None:
+    """Config sweeps: ``results`` of ``(us, config label, error text)``; prints the ``keep`` fastest and the
+    default (label ``"None"``) if it is not among them, each as ``line(us, label, err)``."""
+    best = sorted(results)[:keep]
+    for t, c, err in best + [r for r in results if r[1] == "None" and r not in best]:
+        print(line(t, c, err), flush=True)
+
+
 def bench(fn, small: bool) -> float:
     return bench_graph(fn) if small else bench_eager(fn)
 

@@ -38,6 +38,8 @@ def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]
 
 
 def main() -> None:
+    from benchmarks.profile_prefill import add_group_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=4096)
@@ -45,8 +47,7 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--coherent", action="store_true")
-    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
-    ap.add_argument("--attn-group-size", type=int, default=None)
+    add_group_args(ap)
     ap.add_argument("--router", choices=["random", "lowrank"], default="random",
                     help="as `wide bench --router` (lowrank: calibrated untrained low-rank routers)")
     ap.add_argument("--no-fuse-glue", action="store_true")

@@ -72,6 +72,12 @@ def profile(fn, iters: int):
     return wall, dict(groups), dict(count), syncs
 
 
+def add_group_args(ap: argparse.ArgumentParser) -> None:
+    """The routed side's group sizes, defaulting to `wide bench`'s (the profiles must time what it times)."""
+    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
+    ap.add_argument("--attn-group-size", type=int, default=None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=4096)
@@ -82,8 +88,7 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
     ap.add_argument("--fuse-glue", action="store_true", help="both sides with wide.fuse_glue (compiled norms / RoPE)")
-    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
-    ap.add_argument("--attn-group-size", type=int, default=None)
+    add_group_args(ap)
     args = ap.parse_args()
 
     import wide

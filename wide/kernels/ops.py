@@ -189,6 +189,18 @@ def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None,
         q, k, v, mask, lengths=lengths, scale=scale, out=out)
 
 
+def _check_router(what: str, x, down, up, bias) -> int:
+    """Shapes of a linear / low-rank router over ``x``; returns its group count G."""
+    if down.dim() != 2 or down.shape[1] != x.shape[-1]:
+        raise ValueError(f"{what}: down {tuple(down.shape)} must be [R, {x.shape[-1]}]")
+    if up is not None and (up.dim() != 2 or up.shape[1] != down.shape[0]):
+        raise ValueError(f"{what}: up {tuple(up.shape)} must be [G, {down.shape[0]}]")
+    g = up.shape[0] if up is not None else down.shape[0]
+    if bias is not None and tuple(bias.shape) != (g,):
+        raise ValueError(f"{what}: bias {tuple(bias.shape)} must be [{g}]")
+    return g
+
+
 @torch.compiler.disable
 def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: float = 1e-6,
                   decide: bool = True, backend: str = "auto"):
@@ -211,13 +223,7 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
     Returns:
         ``[..., G]`` bool (``decide``) or float32.
     """
-    if down.dim() != 2 or down.shape[1] != x.shape[-1]:
-        raise ValueError(f"router_margin: down {tuple(down.shape)} must be [R, {x.shape[-1]}]")
-    if up is not None and (up.dim() != 2 or up.shape[1] != down.shape[0]):
-        raise ValueError(f"router_margin: up {tuple(up.shape)} must be [G, {down.shape[0]}]")
-    groups = up.shape[0] if up is not None else down.shape[0]
-    if bias is not None and tuple(bias.shape) != (groups,):
-        raise ValueError(f"router_margin: bias {tuple(bias.shape)} must be [{groups}]")
+    _check_router("router_margin", x, down, up, bias)
     call = dict(x=x, down=down, up=up, bias=bias)
     return dispatch.choose("router_margin", backend, call, x.device).router_margin(
         x, down, up, bias, normalize=normalize, eps=eps, decide=decide)
@@ -302,13 +308,7 @@ def coherent_route(x, down, up=None, bias=None, *, ema, selection, step, keep: i
     Returns:
         ``selection`` (updated).
     """
-    if down.dim() != 2 or down.shape[1] != x.shape[-1]:
-        raise ValueError(f"coherent_route: down {tuple(down.shape)} must be [R, {x.shape[-1]}]")
-    if up is not None and (up.dim() != 2 or up.shape[1] != down.shape[0]):
-        raise ValueError(f"coherent_route: up {tuple(up.shape)} must be [G, {down.shape[0]}]")
-    g = up.shape[0] if up is not None else down.shape[0]
-    if bias is not None and tuple(bias.shape) != (g,):
-        raise ValueError(f"coherent_route: bias {tuple(bias.shape)} must be [{g}]")
+    g = _check_router("coherent_route", x, down, up, bias)
     if x.dim() not in (2, 3) or (x.dim() == 3 and x.shape[1] != 1) or x.shape[0] == 0:
         raise ValueError(f"coherent_route: x {tuple(x.shape)} must be [B >= 1, 1, D] or [B >= 1, D]")
     _check_coherent("coherent_route", g, ema, selection, step, keep, memory, refresh_every, keep_scale, groups,

@@ -76,6 +76,18 @@ def _activation(x, ACT: tl.constexpr):
 
 
 @triton.jit
+def _mn_epilogue(acc, acc2, b_ptr, rn, keep, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr):
+    """Output-width epilogue: bias, then the activation (or SiLU(gate) * up), zeros where ``keep`` is False."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+    if SWIGLU:
+        acc = acc * tl.sigmoid(acc) * acc2
+    else:
+        acc = _activation(acc, ACT)
+    return tl.where(keep, acc, 0.0)
+
+
+@triton.jit
 def _grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
     """(token tile, N tile) of program ``pid`` in grouped order: consecutive programs share token tiles (x
     rows of similar ranges) for L2 reuse."""
@@ -156,13 +168,7 @@ def _gemm_mn_perm_kernel(
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
 
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-    if SWIGLU:
-        acc = acc * tl.sigmoid(acc) * acc2
-    else:
-        acc = _activation(acc, ACT)
-    acc = tl.where(active[:, None], acc, 0.0)
+    acc = _mn_epilogue(acc, acc2, b_ptr, rn, active[:, None], HAS_BIAS, ACT, SWIGLU)
     out_ptrs = out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -274,13 +280,7 @@ def _gemm_mn_direct_kernel(
         elif pid_s == 0:
             finish = True
     if finish:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-        if SWIGLU:
-            acc = acc * tl.sigmoid(acc) * acc2
-        else:
-            acc = _activation(acc, ACT)
-        acc = tl.where(keep, acc, 0.0)
+        acc = _mn_epilogue(acc, acc2, b_ptr, rn, keep, HAS_BIAS, ACT, SWIGLU)
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mvalid[:, None])
 
 
