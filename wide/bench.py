@@ -370,6 +370,7 @@ def run(args) -> list[dict]:
         sparsities = args.sparsity
     model.eval()
     enable_kernels(model, args.backend)
+    wide.set_overlap_routing(model, not args.no_overlap_routing)
     if args.fuse_glue:
         fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
@@ -639,6 +640,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--coherent-memory", type=float, default=0.0,
                    help="coherent decode's EMA memory (0: the current batch's scores only)")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-overlap-routing", action="store_true",
+                   help="decide a decode step's attention mask on the main stream, not beside the K/V projections")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="torch.compile the forward on both sides (default backend: inductor); the routed ops "
                         "stay eager graph breaks, the glue between them is compiled")
@@ -685,6 +688,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
         print(f"both sides' forwards under torch.compile(backend={args.compile!r}); routed ops run as eager graph breaks")
     if args.fuse_glue:
         print(f"both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue, {args.fuse_glue})")
+    if args.no_overlap_routing:
+        print("routed decode: the attention router on the main stream (--no-overlap-routing)")
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:

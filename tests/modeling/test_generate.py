@@ -116,3 +116,28 @@ def test_decode_key_lengths_are_reduced_once_per_step(monkeypatch):
     steps = 4  # the first new token comes from the prefill
     assert model.config.num_hidden_layers > 1 and len(calls) == steps
     torch.testing.assert_close(got, _hf_greedy(model, ids, 5, min_new_tokens=5))
+
+
+@pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_side_stream_attention_routing_gives_the_one_stream_tokens(coherent, monkeypatch):
+    """Decode steps that decide the attention mask on a side stream while K/V run (the default on CUDA) give
+    the tokens of one stream, eagerly and replayed from a CUDA graph (which captures the fork and join)."""
+    from wide.modeling.inference import EarlyLinear
+
+    model = _routed("cuda", torch.float32, "triton", num_hidden_layers=3, hidden_size=256, intermediate_size=512,
+                    num_attention_heads=8, num_key_value_heads=2)
+    wide.set_coherent_decode(model, 1 if coherent else None)
+    ids = torch.randint(3, 96, (4, 9), generator=torch.Generator().manual_seed(3)).cuda()
+    early = []
+    real = EarlyLinear.run_early
+    monkeypatch.setattr(EarlyLinear, "run_early", lambda self, x: early.append(1) or real(self, x))
+    overlapped = [wide.generate(model, ids, max_new_tokens=20, graphs=g) for g in (False, True)]
+    assert len(early) >= 2 * 3 * 19  # K and V of every layer ran ahead in the eager decode steps
+    wide.set_overlap_routing(model, False)
+    early.clear()
+    one_stream = wide.generate(model, ids, max_new_tokens=20, graphs=True)
+    assert not early
+    for got in overlapped:
+        assert torch.equal(got, one_stream)

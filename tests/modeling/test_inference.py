@@ -318,3 +318,72 @@ def test_coherent_decode_routes_later_steps_in_one_launch(monkeypatch):
     assert torch.equal(out["triton"].sequences, out["torch"].sequences)
     for a, b in zip(out["triton"].logits, out["torch"].logits):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_side_stream_attention_routing_protocol(monkeypatch):
+    """The overlap of a decode step's attention router with the K/V projections, with stand-in streams (CPU):
+    the router is queued on the side stream after the main stream's work so far, the routed q projection runs
+    K and V first (their modules then return those results: one F.linear each, not two), and the main stream
+    waits for the side stream before anything reads the masks; tokens equal the one-stream run's."""
+    import contextlib
+
+    from wide.modeling.inference import EarlyLinear, set_overlap_routing
+    from wide.modeling.layer import WideLayer
+
+    class Stream:
+        device = torch.device("cpu")
+
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits {other.name}")
+
+    events = []
+    main, side = Stream("main"), Stream("side")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(events.append(f"on {s.name}")))
+    real_overlap = WideLayer._overlap_stream
+    monkeypatch.setattr(WideLayer, "_overlap_stream",
+                        lambda self, r: real_overlap(self, r) or (side if self.use_kernels() and self.early_kv
+                                                                  and r.shape[1] == 1 and
+                                                                  self.runtime.overlap_routing else None))
+    linears = []
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: linears.append(w) or real_linear(x, w, b))
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    enable_kernels(model, "torch")
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.k_proj, EarlyLinear) and isinstance(attn.v_proj, EarlyLinear)
+    assert attn.q_proj.early == (attn.k_proj, attn.v_proj)
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(1))
+    n_layers = model.config.num_hidden_layers
+
+    got = wide.generate(model, ids, max_new_tokens=4)
+    steps = 3  # decode steps (the first token comes from the prefill)
+    per_step = ["side waits main", "on side", "main waits side"]
+    assert events == per_step * (n_layers * steps)
+    k_weights = [m.self_attn.k_proj.weight for m in model.model.layers]
+    k_calls = sum(any(w is k for k in k_weights) for w in linears)
+    assert k_calls == n_layers * (1 + steps)  # the prefill's and one per decode step: ran ahead, not twice
+
+    events.clear()
+    set_overlap_routing(model, False)
+    assert torch.equal(wide.generate(model, ids, max_new_tokens=4), got)
+    assert events == []
+
+
+def test_early_linear_computes_for_another_input():
+    from wide.modeling.inference import EarlyLinear
+
+    lin = torch.nn.Linear(8, 4)
+    early = EarlyLinear(lin)
+    x, y = torch.randn(2, 8), torch.randn(2, 8)
+    early.run_early(x)
+    torch.testing.assert_close(early(y), lin(y))  # not x's result
+    early.run_early(x)
+    torch.testing.assert_close(early(x), lin(x))
+    torch.testing.assert_close(early(x), lin(x))  # the early result is used once

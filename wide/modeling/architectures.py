@@ -25,6 +25,8 @@ class ArchSpec:
     """Norm whose input is the residual stream before the FFN."""
     act: str = "act_fn"
     q_proj: str = "q_proj"
+    k_proj: str = "k_proj"
+    v_proj: str = "v_proj"
     o_proj: str = "o_proj"
     gate_proj: str = "gate_proj"
     up_proj: str = "up_proj"

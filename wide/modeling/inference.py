@@ -4,7 +4,9 @@
 execution. Per routed layer it:
 
 - replaces ``q_proj`` by an output-width routed linear (``gemm_mn``: skipped head groups are never
-  computed) and ``o_proj`` by a reduction-width routed linear (``gemm_k``);
+  computed) and ``o_proj`` by a reduction-width routed linear (``gemm_k``); on CUDA decode steps the attention
+  router runs on a side stream while the dense ``k_proj`` / ``v_proj`` (`EarlyLinear`), which the routed
+  ``q_proj`` launches first, run on the main one (`set_overlap_routing`);
 - runs attention through ``attention_prefill`` / ``attention_decode`` for the active head groups
   (plain causal attention over a complete cache; padded batches, sliding windows and soft-capping
   keep the reference path);
@@ -49,6 +51,7 @@ class RoutedLinear(nn.Module):
         self.kind, self.mode = kind, mode
         object.__setattr__(self, "wide_layer", wide_layer)
         object.__setattr__(self, "original", linear)
+        object.__setattr__(self, "early", ())  # EarlyLinear siblings to run first while the router decides
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wl = self.wide_layer
@@ -56,12 +59,43 @@ class RoutedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         from wide import kernels
 
+        if wl.routing_pending:
+            # the router still runs on the side stream: queue the dense K/V projections of the same input first,
+            # so they run beside it, then wait for its mask (`kernel_mask` joins)
+            for lin in self.early:
+                lin.run_early(x)
         mask, plan = wl.kernel_mask(self.kind)
         op = kernels.gemm_mn if self.mode == "mn" else kernels.gemm_k
         return op(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, kind={self.kind}, mode={self.mode}"
+
+
+class EarlyLinear(nn.Module):
+    """A dense linear (K / V projection) that the routed q projection may run ahead of its own call: the next
+    call with the same input tensor returns that result (same parameters, same ``F.linear``: the same values);
+    any other call computes as usual."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        object.__setattr__(self, "original", linear)
+        self._early: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    def run_early(self, x: torch.Tensor) -> None:
+        self._early = (x, F.linear(x, self.weight, self.bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        early, self._early = self._early, None
+        if early is not None and early[0] is x:
+            return early[1]
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}"
 
 
 class RoutedMLP(nn.Module):
@@ -150,6 +184,16 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
                 lin = getattr(attn, name)
                 if type(lin) is nn.Linear:
                     setattr(attn, name, RoutedLinear(lin, wl, "attn", mode))
+            # K / V projections the routed q projection launches ahead while a decode step's router runs on a
+            # side stream (`WideLayer.route_attention`)
+            for name in (arch.k_proj, arch.v_proj):
+                lin = getattr(attn, name, None)
+                if type(lin) is nn.Linear:
+                    setattr(attn, name, EarlyLinear(lin))
+            q, early = getattr(attn, arch.q_proj), [getattr(attn, n, None) for n in (arch.k_proj, arch.v_proj)]
+            if isinstance(q, RoutedLinear) and all(isinstance(m, EarlyLinear) for m in early):
+                object.__setattr__(q, "early", tuple(early))
+                wl.early_kv = True
         mlp = get_path(layer, arch.mlp)
         if ("ffn" in wl.slots or "layer" in wl.slots) and not isinstance(mlp, RoutedMLP):
             parent, _, attr = arch.mlp.rpartition(".")
@@ -161,6 +205,12 @@ def set_kernels(model: nn.Module, enabled: bool) -> None:
     """Switches kernel execution on or off without unwrapping (off: the reference path)."""
     for _, wl, _ in _routed_layers(model):
         wl.kernels_enabled = enabled
+
+
+def set_overlap_routing(model: nn.Module, enabled: bool) -> None:
+    """Whether routed CUDA decode steps decide the attention mask on a side stream, beside the dense K/V
+    projections (on by default; off: one stream, the router before the q projection). Same outputs either way."""
+    runtime_of(model).overlap_routing = bool(enabled)
 
 
 def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.0,

@@ -36,6 +36,8 @@ class WideLayer(nn.Module):
         self._kernel_masks: dict[str, tuple] = {}
         self._coherent: dict[str, dict] = {}
         self.routed_weights: dict[str, int] = {}  # weight elements each kind's routing covers (set by apply_wide)
+        self.early_kv = False  # enable_kernels: the routed q projection can run K/V first (`EarlyLinear`)
+        self._pending: Optional[torch.cuda.Stream] = None  # the side stream still deciding this step's mask
 
     def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
         if kind in self.forced:
@@ -68,6 +70,7 @@ class WideLayer(nn.Module):
 
     def kernel_mask(self, kind: str):
         """``(bool mask [B, T, G], RoutingPlan)`` of the current forward, built once and shared by paired ops."""
+        self.join_routing()
         if kind not in self._kernel_masks:
             from wide.kernels import make_plan
 
@@ -99,6 +102,26 @@ class WideLayer(nn.Module):
     def use_kernels(self) -> bool:
         return self.kernels_enabled and not self.training
 
+    def _overlap_stream(self, residual: torch.Tensor) -> Optional[torch.cuda.Stream]:
+        """The side stream a routed CUDA decode step decides its attention mask on, or ``None``: the router
+        (a few latency-bound launches) then runs beside the dense K/V projections, which the routed q projection
+        launches first (`wide.modeling.inference.EarlyLinear`) and whose output it waits for the mask after."""
+        if not (self.early_kv and self.runtime.overlap_routing and self.use_kernels() and residual.is_cuda
+                and residual.shape[1] == 1 and not torch.compiler.is_compiling()):
+            return None
+        return self.runtime.side_stream(residual.device)
+
+    @property
+    def routing_pending(self) -> bool:
+        """Whether this step's attention mask is still being decided on the side stream."""
+        return self._pending is not None
+
+    def join_routing(self) -> None:
+        """Makes the current stream wait for the side stream's routing (every reader of the masks calls this)."""
+        if self._pending is not None:
+            torch.cuda.current_stream(self._pending.device).wait_stream(self._pending)
+            self._pending = None
+
     @property
     def routes_heads(self) -> bool:
         """Whether this forward routed the attention heads (no tensor work)."""
@@ -109,6 +132,7 @@ class WideLayer(nn.Module):
         """``[B, T, Hq]`` per-head mask, expanded from the group mask on first use: the fused kernels read
         the group mask directly, so routed inference never launches the expansion."""
         if self._head_mask is None and self._head_src is not None:
+            self.join_routing()
             mask, per_group = self._head_src
             self._head_mask = mask if per_group == 1 else mask.repeat_interleave(per_group, dim=-1)
         return self._head_mask
@@ -119,28 +143,44 @@ class WideLayer(nn.Module):
 
     def route_attention(self, residual: torch.Tensor) -> None:
         """Called with the pre-attention-norm residual ``[B, T, D]``."""
+        self.join_routing()
         self._set_heads(None)
         self.ffn_mask = None
         self.group_mask = {}
         self._kernel_masks = {}
         if residual.shape[1] > 1:
             self._coherent = {}  # a prefill starts a new sequence: forget the decode-time selection
-        if "layer" in self.slots:
+        kind = "layer" if "layer" in self.slots else "attn" if "attn" in self.slots else None
+        if kind is None:
+            return
+        side = self._overlap_stream(residual)
+        if side is None:
+            self._route_attention(kind, residual)
+            return
+        # the router reads the residual after the work queued so far; the masks, plans and kernels that read its
+        # decisions come after `join_routing`
+        side.wait_stream(torch.cuda.current_stream(residual.device))
+        with torch.cuda.stream(side):
+            self._route_attention(kind, residual)
+        self._pending = side
+
+    def _route_attention(self, kind: str, residual: torch.Tensor) -> None:
+        if kind == "layer":
             mask = self._decide("layer", residual)  # [B, T, 1]
             self.group_mask = {"attn": mask, "ffn": mask}
             self._set_heads(mask)  # [B, T, 1] broadcasts over the heads
             self.ffn_mask = mask
-            for kind in ("attn", "ffn"):
-                self.runtime.record(self.layer_idx, kind, mask)
+            for k in ("attn", "ffn"):
+                self.runtime.record(self.layer_idx, k, mask)
             return
-        if "attn" in self.slots:
-            mask = self._decide("attn", residual)
-            self.group_mask["attn"] = mask
-            self._set_heads(mask, self.slots["attn"].group_size)
-            self.runtime.record(self.layer_idx, "attn", mask)
+        mask = self._decide("attn", residual)
+        self.group_mask["attn"] = mask
+        self._set_heads(mask, self.slots["attn"].group_size)
+        self.runtime.record(self.layer_idx, "attn", mask)
 
     def route_ffn(self, residual: torch.Tensor) -> None:
         """Called with the pre-FFN-norm residual ``[B, T, D]``."""
+        self.join_routing()
         if "ffn" in self.slots:
             mask = self._decide("ffn", residual)
             self.group_mask["ffn"] = mask
@@ -148,6 +188,7 @@ class WideLayer(nn.Module):
             self.runtime.record(self.layer_idx, "ffn", mask)
 
     def clear(self) -> None:
+        self.join_routing()
         self.group_mask, self.ffn_mask = {}, None
         self._set_heads(None)
         self._kernel_masks = {}

@@ -161,6 +161,10 @@ class WideRuntime:
     # lengths), cleared by begin_forward
     forward_cache: dict = field(default_factory=dict)
     _weights: dict = field(default_factory=dict)
+    overlap_routing: bool = True
+    """Routed CUDA decode steps run the attention router on a side stream while the dense K/V projections
+    run (`WideLayer.route_attention`); ``False`` keeps everything on the current stream."""
+    _side_streams: dict = field(default_factory=dict)
 
     _pad_src: Optional[torch.Tensor] = None
     _padded: Optional[bool] = None
@@ -196,6 +200,13 @@ class WideRuntime:
         full = torch.empty((logits.shape[0] * self.world, *logits.shape[1:]), device=dev, dtype=torch.float32)
         full.exponential_(generator=self._noise_gen)
         return -full.log()[self.rank::self.world]
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The stream routed layers overlap their attention router on (one per device, made on first use)."""
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = torch.cuda.Stream(device)
+        return stream
 
     def begin_forward(self, valid: Optional[torch.Tensor], tokens: Optional[int] = None,
                       masked: Optional[bool] = None) -> None:
