@@ -19,3 +19,38 @@ def test_four_byte_operands_halve_the_k_chunk_and_keep_the_rest():
 
 def test_the_k_chunk_never_drops_below_a_tensor_core_step():
     assert tg.for_element_size(tg.GemmConfig(16, 16, 16), 4).block_k == 16
+
+
+def test_decode_attention_takes_the_all_heads_config_at_a_dense_hint(monkeypatch):
+    """Many (row, kv head) pairs: 8 warps / 3 stages at about half the heads (or no hint), 4 warps / 2 stages
+    when the router's rate says ~every head runs (H200 sweep, batch 16); few pairs ignore the hint."""
+    from wide.kernels.triton import attention as ta
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU configs (the CPU's SM count stands in)
+    half = ta.default_decode_config(16, 8, 4104, 128, "cpu", 0.5)
+    none = ta.default_decode_config(16, 8, 4104, 128, "cpu")
+    full = ta.default_decode_config(16, 8, 4104, 128, "cpu", 1.0)
+    assert half == none and (half.num_warps, half.num_stages) == (8, 3)
+    assert (full.num_warps, full.num_stages, full.splits) == (4, 2, half.splits)
+    assert ta.default_decode_config(1, 8, 4104, 128, "cpu", 1.0) == ta.default_decode_config(1, 8, 4104, 128, "cpu")
+
+
+def test_attention_decode_density_is_checked_and_passed_to_the_backend(monkeypatch):
+    import torch
+
+    import wide.kernels as wk
+    from wide.kernels import get_backend
+
+    q, kv = torch.randn(2, 1, 8, 16), torch.randn(2, 5, 2, 16)
+    mask = torch.ones(2, 1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="density"):
+        wk.attention_decode(q, kv, kv, mask, density=1.5)
+    seen = []
+    tb = get_backend("triton")
+    real = type(tb).attention_decode
+    monkeypatch.setattr(type(tb), "attention_decode", lambda self, *a, density=None, **kw: seen.append(density)
+                        or real(self, *a, density=density, **kw))
+    ref = wk.attention_decode(q, kv, kv, mask, backend="torch", density=0.95)  # the reference takes no hint
+    got = wk.attention_decode(q, kv, kv, mask, backend="triton", density=0.95)
+    assert seen == [0.95]
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)

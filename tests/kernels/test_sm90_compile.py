@@ -194,12 +194,12 @@ def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
                                 attention.default_scale(D), attention.default_prefill_config(T, D, DT.itemsize))
 
 
-def decode(B, S, HQ, HK, D, gsize, lengths=False):
+def decode(B, S, HQ, HK, D, gsize, lengths=False, density=None):
     q, k, v = t(B, 1, HQ, D), t(B, S, HK, D), t(B, S, HK, D)
     mask = t(B, HQ // gsize, dtype=torch.bool).view(torch.uint8)
     lens = t(B, dtype=torch.int32) if lengths else None
     attention.attention_decode(q, k, v, torch.empty_like(q), mask, lens, gsize, attention.default_scale(D),
-                               attention.default_decode_config(B, HK, S, D, "cuda"))
+                               attention.default_decode_config(B, HK, S, D, "cuda", density))
 
 
 case("plan", "partition T=16 (BLOCK 256)", plan.partition, t(1, 16, 224, dtype=torch.bool))
@@ -287,6 +287,7 @@ case("attention", "prefill T=4096 Qwen2.5-1.5B heads", prefill, 1, 4096, 12, 2, 
 case("attention", "decode B=16 S=4096 Qwen2.5-1.5B heads", decode, 16, 4096, 12, 2, D, 6)
 case("attention", "decode B=1 S=32768", decode, 1, 32768, HQ, HK, D, 4)
 case("attention", "decode B=16 S=32768 lengths", decode, 16, 32768, HQ, HK, D, 4, lengths=True)
+case("attention", "decode B=16 S=4096 lengths all heads", decode, 16, 4096, HQ, HK, D, 4, lengths=True, density=1.0)
 
 # compiling releases the GIL (MLIR passes, ptxas): threads share the cores, as Triton's AsyncCompileMode does
 with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:

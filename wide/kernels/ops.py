@@ -167,7 +167,7 @@ def attention_prefill(q, k, v, mask, *, causal: bool = True, scale: float | None
 
 @torch.compiler.disable
 def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None, backend: str = "auto",
-                     out=None):
+                     out=None, density: float | None = None):
     """Routed decode attention: one query per row over a right-padded KV cache.
 
     Args:
@@ -176,6 +176,8 @@ def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None,
         mask: ``[B, 1, Hq/g]`` bool (float on the torch backend).
         lengths: ``[B]`` int valid KV length per row (default: all ``S``).
         scale, backend, out: as in `attention_prefill`.
+        density: the expected share of executing (row, group) pairs, e.g. the router's rate (no host sync);
+            the triton backend picks its launch config from it (``None``: tuned for about half).
 
     Returns:
         ``[B, 1, Hq, D]``, zeros for inactive head groups; no K/V is read for a kv head none of whose
@@ -184,9 +186,13 @@ def attention_decode(q, k, v, mask, *, lengths=None, scale: float | None = None,
     _check_attention(q, k, v, mask, "attention_decode")
     if q.shape[1] != 1:
         raise ValueError(f"attention_decode: q must have one query per row, got {tuple(q.shape)}")
+    if density is not None and not 0.0 <= density <= 1.0:
+        raise ValueError(f"attention_decode: density must be in [0, 1], got {density!r}")
     call = dict(q=q, k=k, v=v, mask=mask, lengths=lengths, scale=scale, out=out)
-    return dispatch.choose("attention_decode", backend, call, q.device).attention_decode(
-        q, k, v, mask, lengths=lengths, scale=scale, out=out)
+    impl = dispatch.choose("attention_decode", backend, call, q.device)
+    if density is not None and impl.takes_density:
+        return impl.attention_decode(q, k, v, mask, lengths=lengths, scale=scale, out=out, density=density)
+    return impl.attention_decode(q, k, v, mask, lengths=lengths, scale=scale, out=out)
 
 
 def _check_router(what: str, x, down, up, bias) -> int:

@@ -26,6 +26,8 @@ class KernelBackend:
     """
 
     name: ClassVar[str] = ""
+    takes_density: ClassVar[bool] = False
+    """Whether ``attention_decode`` takes ``density=`` (the expected mask density, a launch-config hint)."""
 
     @classmethod
     def is_available(cls) -> bool:

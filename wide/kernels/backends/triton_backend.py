@@ -327,7 +327,9 @@ class TritonBackend(KernelBackend):
 
         return tr.coherent_select(margin, ema, selection, step, keep, memory, refresh_every, keep_scale, groups)
 
-    def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None):
+    takes_density = True
+
+    def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None, config=None, density=None):
         from ..triton import attention as ta
 
         B, _, HQ, D = q.shape
@@ -335,7 +337,7 @@ class TritonBackend(KernelBackend):
         if B == 0:
             return out
         S, HK = k.shape[1], k.shape[2]
-        cfg = config if config is not None else ta.default_decode_config(B, HK, S, D, q.device)
+        cfg = config if config is not None else ta.default_decode_config(B, HK, S, D, q.device, density)
         scale = scale if scale is not None else ta.default_scale(D)
         mask2 = mask.reshape(B, -1).view(torch.uint8)
         lens = lengths.to(torch.int32) if lengths is not None else None

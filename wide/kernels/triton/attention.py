@@ -228,7 +228,9 @@ def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionCo
     return AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
-def default_decode_config(B: int, HK: int, S: int, D: int, device=None) -> AttentionConfig:
+def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
+                          density: float | None = None) -> AttentionConfig:
+    """``density``: the expected share of executing (row, group) pairs (``None``: about half)."""
     if interpreting():
         return AttentionConfig(block_n=16, num_warps=4, num_stages=1, splits=3)
     # short per-program loops (few rows: many splits) want a shallow pipeline, long ones a deeper one
@@ -236,10 +238,18 @@ def default_decode_config(B: int, HK: int, S: int, D: int, device=None) -> Atten
     splits = decode_splits(B, HK, S, 64, torch.device(device) if device is not None else torch.device("cuda"))
     if B * HK >= 64:
         # many (row, kv head) pairs: half the splits, 8 warps (H200 sweep 2026-12-01, batch 16 x 8 kv heads, 4097
-        # keys, half the heads: 40.6 us with 4 splits / 8 warps / 3 stages against 44.1 with 9 / 4 / 3)
+        # keys, half the heads: 40.6 us with 4 splits / 8 warps / 3 stages against 44.1 with 9 / 4 / 3); with
+        # ~every head running, 4 warps and 2 stages (third session's full sweep: 69.6 us against 72.6 all on,
+        # but >= 42 against 40.9 at half)
+        if density is not None and density >= DECODE_DENSE_DENSITY:
+            return AttentionConfig(block_n=64, num_warps=4, num_stages=2, splits=max(1, splits // 2))
         return AttentionConfig(block_n=64, num_warps=8, num_stages=3, splits=max(1, splits // 2))
     iters = triton.cdiv(S, splits * 64)
     return AttentionConfig(block_n=64, num_warps=4, num_stages=2 if iters <= 8 else 3)
+
+
+# decode attention's expected density from which the all-heads config is taken (default_decode_config)
+DECODE_DENSE_DENSITY = 0.9
 
 
 def _sm_count(device: torch.device) -> int:
