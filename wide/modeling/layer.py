@@ -105,7 +105,11 @@ class WideLayer(nn.Module):
     def _overlap_stream(self, residual: torch.Tensor) -> Optional[torch.cuda.Stream]:
         """The side stream a routed CUDA decode step decides its attention mask on, or ``None``: the router
         (a few latency-bound launches) then runs beside the dense K/V projections, which the routed q projection
-        launches first (`wide.modeling.inference.EarlyLinear`) and whose output it waits for the mask after."""
+        launches first (`wide.modeling.inference.EarlyLinear`) and whose output it waits for the mask after.
+
+        Between the fork and the join the main stream runs only the attention norm and cuBLAS K/V: no kernel that
+        shares `wide.kernels`' arrival counters with the router's (`arrival_counters` must not be used on two
+        streams at once) — keep it so when adding work to that window."""
         if not (self.early_kv and self.runtime.overlap_routing and self.use_kernels() and residual.is_cuda
                 and residual.shape[1] == 1 and not torch.compiler.is_compiling()):
             return None
