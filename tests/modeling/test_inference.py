@@ -327,8 +327,8 @@ def test_side_stream_attention_routing_protocol(monkeypatch):
     waits for the side stream before anything reads the masks; tokens equal the one-stream run's."""
     import contextlib
 
+    from wide.modeling import WideRuntime
     from wide.modeling.inference import EarlyLinear, set_overlap_routing
-    from wide.modeling.layer import WideLayer
 
     class Stream:
         device = torch.device("cpu")
@@ -343,11 +343,7 @@ def test_side_stream_attention_routing_protocol(monkeypatch):
     main, side = Stream("main"), Stream("side")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: main)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(events.append(f"on {s.name}")))
-    real_overlap = WideLayer._overlap_stream
-    monkeypatch.setattr(WideLayer, "_overlap_stream",
-                        lambda self, r: real_overlap(self, r) or (side if self.use_kernels() and self.early_kv
-                                                                  and r.shape[1] == 1 and
-                                                                  self.runtime.overlap_routing else None))
+    monkeypatch.setattr(WideRuntime, "side_stream", lambda self, device: side)
     linears = []
     real_linear = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: linears.append(w) or real_linear(x, w, b))
@@ -387,3 +383,19 @@ def test_early_linear_computes_for_another_input():
     early.run_early(x)
     torch.testing.assert_close(early(x), lin(x))
     torch.testing.assert_close(early(x), lin(x))  # the early result is used once
+
+
+def test_decode_attention_gets_the_routers_density_hint(monkeypatch):
+    """The routed decode attention receives the plan's density hint (1 - the router's expected rate), which picks
+    its launch config on the triton backend; the prefill attention gets the plan itself."""
+    import wide.kernels as wk
+
+    seen = []
+    real = wk.attention_decode
+    monkeypatch.setattr(wk, "attention_decode", lambda *a, density=None, **kw: seen.append(density) or real(*a, **kw))
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.25, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    enable_kernels(model, "torch")
+    wide.generate(model, torch.randint(3, 96, (2, 5), generator=torch.Generator().manual_seed(0)), max_new_tokens=3)
+    assert seen and all(d == pytest.approx(0.75) for d in seen)

@@ -83,7 +83,7 @@ def _kernel_attention(layer, query, key, value, scaling, attention_mask=None):
         # unpadded rows see a prefix of the cache: the mask reduces to a length per row (no host sync)
         lengths = _valid_lengths(layer, attention_mask) if attention_mask is not None else None
         return kernels.attention_decode(q, k, v, mask, lengths=lengths, scale=scaling, backend=layer.backend,
-                                        density=layer._density_hint("attn"))
+                                        density=plan.density_hint)
     # without a mask, transformers means sdpa's is_causal, which aligns queries to the *first* keys
     # (a static cache holds its empty tail after them): no query sees past key t-1
     return kernels.attention_prefill(q, k[:, :t], v[:, :t], mask, causal=True, scale=scaling, plan=plan,

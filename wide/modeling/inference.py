@@ -33,7 +33,21 @@ from wide.modeling.layer import MaskedActivation, WideLayer
 from wide.modeling.wrap import runtime_of
 
 
-class RoutedLinear(nn.Module):
+class _LinearView(nn.Module):
+    """Holds an ``nn.Linear``'s own ``weight`` / ``bias`` parameters (state-dict keys unchanged) and the module."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        object.__setattr__(self, "original", linear)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}"
+
+
+class RoutedLinear(_LinearView):
     """A linear layer whose eval-mode forward is a routed kernel; same ``weight``/``bias`` parameters.
 
     Args:
@@ -44,13 +58,9 @@ class RoutedLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, wide_layer: WideLayer, kind: str, mode: str):
-        super().__init__()
-        self.weight = linear.weight
-        self.bias = linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        super().__init__(linear)
         self.kind, self.mode = kind, mode
         object.__setattr__(self, "wide_layer", wide_layer)
-        object.__setattr__(self, "original", linear)
         object.__setattr__(self, "early", ())  # EarlyLinear siblings to run first while the router decides
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,20 +79,16 @@ class RoutedLinear(nn.Module):
         return op(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, kind={self.kind}, mode={self.mode}"
+        return f"{super().extra_repr()}, kind={self.kind}, mode={self.mode}"
 
 
-class EarlyLinear(nn.Module):
+class EarlyLinear(_LinearView):
     """A dense linear (K / V projection) that the routed q projection may run ahead of its own call: the next
     call with the same input tensor returns that result (same parameters, same ``F.linear``: the same values);
     any other call computes as usual."""
 
     def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.weight = linear.weight
-        self.bias = linear.bias
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        object.__setattr__(self, "original", linear)
+        super().__init__(linear)
         self._early: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def run_early(self, x: torch.Tensor) -> None:
@@ -93,9 +99,6 @@ class EarlyLinear(nn.Module):
         if early is not None and early[0] is x:
             return early[1]
         return F.linear(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}"
 
 
 class RoutedMLP(nn.Module):

@@ -110,8 +110,8 @@ class WideLayer(nn.Module):
         Between the fork and the join the main stream runs only the attention norm and cuBLAS K/V: no kernel that
         shares `wide.kernels`' arrival counters with the router's (`arrival_counters` must not be used on two
         streams at once) — keep it so when adding work to that window."""
-        if not (self.early_kv and self.runtime.overlap_routing and self.use_kernels() and residual.is_cuda
-                and residual.shape[1] == 1 and not torch.compiler.is_compiling()):
+        if not (self.early_kv and self.runtime.overlap_routing and self.use_kernels() and residual.shape[1] == 1
+                and not torch.compiler.is_compiling()):
             return None
         return self.runtime.side_stream(residual.device)
 

@@ -201,8 +201,11 @@ class WideRuntime:
         full.exponential_(generator=self._noise_gen)
         return -full.log()[self.rank::self.world]
 
-    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The stream routed layers overlap their attention router on (one per device, made on first use)."""
+    def side_stream(self, device: torch.device) -> Optional[torch.cuda.Stream]:
+        """The stream routed layers overlap their attention router on (one per CUDA device, made on first use);
+        ``None`` on other devices."""
+        if device.type != "cuda":
+            return None
         stream = self._side_streams.get(device)
         if stream is None:
             stream = self._side_streams[device] = torch.cuda.Stream(device)

@@ -228,6 +228,10 @@ def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionCo
     return AttentionConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
 
 
+# decode attention's expected density from which the all-heads config is taken (default_decode_config)
+DECODE_DENSE_DENSITY = 0.9
+
+
 def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
                           density: float | None = None) -> AttentionConfig:
     """``density``: the expected share of executing (row, group) pairs (``None``: about half)."""
@@ -246,10 +250,6 @@ def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
         return AttentionConfig(block_n=64, num_warps=8, num_stages=3, splits=max(1, splits // 2))
     iters = triton.cdiv(S, splits * 64)
     return AttentionConfig(block_n=64, num_warps=4, num_stages=2 if iters <= 8 else 3)
-
-
-# decode attention's expected density from which the all-heads config is taken (default_decode_config)
-DECODE_DENSE_DENSITY = 0.9
 
 
 def _sm_count(device: torch.device) -> int:
