@@ -57,29 +57,40 @@ def lex_order(mask: torch.Tensor) -> torch.Tensor:
     return pattern_order(mask)
 
 
-def main() -> None:
+def trained_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the CPU experiments over a model with trained routers (this script, prefill_coherence.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--checkpoint", required=True, help="trained routers (.safetensors)")
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per window")
+    ap.add_argument("--windows", type=int, default=4)
+    return ap
+
+
+def load_trained_model(args):
+    """(tokenizer, model with ``args.checkpoint``'s routers, eval mode) for ``trained_parser``'s options."""
     import wide
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from wide.assets import resolve_model
     from wide.checkpoint import load_trained, read_metadata
-    from wide.data import default_corpus_split
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--checkpoint", required=True, help="trained routers (.safetensors)")
-    ap.add_argument("--tokens", type=int, default=1024, help="tokens per window")
-    ap.add_argument("--windows", type=int, default=4)
-    ap.add_argument("--tiles", type=int, nargs="+", default=[16, 64, 128])
-    args = ap.parse_args()
 
     path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    meta = read_metadata(args.checkpoint)
-    wide.apply_wide(model, meta["wide_config"])
+    wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
     load_trained(model, args.checkpoint)
-    model.eval()
+    return tok, model.eval()
+
+
+def main() -> None:
+    import wide
+    from wide.data import default_corpus_split
+
+    ap = trained_parser(__doc__)
+    ap.add_argument("--tiles", type=int, nargs="+", default=[16, 64, 128])
+    args = ap.parse_args()
+    tok, model = load_trained_model(args)
     runtime = wide.modeling.runtime_of(model)
 
     windows, stream = [], []  # held-out documents back to back (separated by EOS), cut into windows

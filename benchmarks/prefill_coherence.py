@@ -13,7 +13,6 @@ density each kind then runs (for o_proj / down_proj the per-token work is the ti
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,30 +36,18 @@ def tile_coherent(margin: torch.Tensor, fallback: torch.Tensor, tile: int, keep_
 
 
 def main() -> None:
-    import wide
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mask_structure import load_trained_model, trained_parser  # benchmarks/mask_structure.py
 
-    from wide.assets import resolve_model
-    from wide.checkpoint import load_trained, read_metadata
     from wide.data import default_corpus_split
     from wide.eval.perplexity import perplexity
     from wide.modeling.layer import WideLayer
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--checkpoint", required=True, help="trained routers (.safetensors)")
-    ap.add_argument("--tokens", type=int, default=1024, help="tokens per window")
-    ap.add_argument("--windows", type=int, default=4)
+    ap = trained_parser(__doc__)
     ap.add_argument("--cells", nargs="+", default=["128:1", "128:1.25", "128:1.5", "64:1", "64:1.25"],
                     help="tile:keep_scale pairs (per-token routing is always the first row)")
     args = ap.parse_args()
-
-    path = resolve_model(args.model)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
-    load_trained(model, args.checkpoint)
-    model.eval()
+    tok, model = load_trained_model(args)
 
     mode: dict = {"tile": None, "scale": 1.0}
     decide = WideLayer._decide
