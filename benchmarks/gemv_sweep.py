@@ -42,6 +42,15 @@ K16 = [C(16, bn, bk, w, st, split_k=sp, variant=v) for v in ("", "list", "local"
 MN16 = [("direct", C(16, bn, bk, w, st)) for (bn, bk, w, st) in
         ((64, 128, 4, 4), (32, 128, 4, 4), (128, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 4), (16, 256, 4, 4),
          (64, 64, 4, 6), (128, 64, 8, 4), (32, 128, 2, 4), (16, 512, 4, 3), (64, 128, 8, 4))]
+# the transposed tile (weights on the MMA's M side: block_n >= 64 takes Hopper's wgmma)
+K16 += [C(16, bn, bk, w, st, split_k=sp, variant=v, swap=True) for v in ("list", "")
+        for (bn, bk, w, st, sp) in ((64, 128, 4, 4, 4), (64, 128, 4, 5, 4), (64, 128, 4, 6, 4), (64, 128, 4, 5, 2),
+                                    (64, 128, 4, 6, 3), (64, 64, 4, 8, 4), (64, 64, 4, 6, 4), (128, 128, 4, 5, 4),
+                                    (128, 128, 4, 4, 2), (128, 64, 4, 6, 4), (64, 128, 8, 5, 4), (64, 256, 4, 3, 4))]
+MN16 += [("direct", C(16, bn, bk, w, st, split_k=sp, swap=True)) for (bn, bk, w, st, sp) in
+         ((64, 128, 4, 4, 1), (64, 128, 4, 5, 1), (64, 128, 4, 6, 1), (64, 128, 4, 4, 2), (64, 128, 4, 5, 4),
+          (64, 128, 4, 4, 4), (64, 256, 4, 4, 4), (64, 64, 4, 8, 4), (64, 64, 4, 6, 1), (128, 128, 4, 4, 1),
+          (128, 64, 4, 6, 1), (128, 128, 4, 4, 2), (64, 128, 8, 5, 4), (64, 128, 4, 5, 3), (64, 64, 4, 8, 2))]
 CANDIDATES_16 = {"gemm_k": [None] + K16, "gemm_mn": [None] + MN16, "swiglu": [None] + MN16}
 
 
@@ -78,8 +87,14 @@ def masks(m: int, ng: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=1, choices=[1, 16], help="rows (decode batch)")
-    m = ap.parse_args().m
+    ap.add_argument("--swap-only", action="store_true",
+                    help="with --m 16: only the default and the transposed-tile (swap) configs")
+    args = ap.parse_args()
+    m = args.m
     candidates = CANDIDATES if m == 1 else CANDIDATES_16
+    if args.swap_only:
+        candidates = {op: [c for c in cs if c is None or (c[1] if isinstance(c, tuple) else c).swap]
+                      for op, cs in candidates.items()}
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, M={m}, {COPIES} weight copies")
     for name, (op, N, K, group) in SHAPES.items():
         x = torch.randn(m, K, device=DEV, dtype=DT)

@@ -54,3 +54,22 @@ def test_attention_decode_density_is_checked_and_passed_to_the_backend(monkeypat
     got = wk.attention_decode(q, kv, kv, mask, backend="triton", density=0.95)
     assert seen == [0.95]
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_decode_sized_gemms_take_the_transposed_tile_unless_switched_off(monkeypatch):
+    """M <= 16 gemm_mn / SwiGLU and M <= 32 gemm_k default to ``swap`` (wgmma over 64 weight rows; H200 sweep
+    2026-12-01); narrow gemm_k groups keep the row tiles; ``WIDE_SKINNY_SWAP=0`` gives the row tiles back."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = tg.default_mn_config(16, 4096, 4096, 512, False)[1]
+    gu = tg.default_mn_config(16, 14336, 4096, 128, True)[1]
+    down = tg.default_k_config(16, 4096, 14336, 128)
+    assert q.swap and gu.swap and down.swap and down.variant == "list"
+    assert (q.block_n, q.split_k, down.block_n, down.num_stages) == (64, 4, 64, 5)
+    assert tg.affine_k_config(16, 4096, 14336, 128).swap
+    assert not tg.default_k_config(16, 4096, 4096, 32).swap  # 32-wide groups: chunks span groups
+    assert not tg.default_mn_config(1, 4096, 4096, 512, False)[1].swap  # the GEMV has no MMA
+    assert not tg.default_mn_config(64, 4096, 4096, 512, False)[1].swap
+    monkeypatch.setenv("WIDE_SKINNY_SWAP", "0")
+    assert not any(c.swap for c in (tg.default_mn_config(16, 4096, 4096, 512, False)[1],
+                                    tg.default_mn_config(16, 14336, 4096, 128, True)[1],
+                                    tg.default_k_config(16, 4096, 14336, 128), tg.affine_k_config(16, 4096, 14336, 128)))

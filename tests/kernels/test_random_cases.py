@@ -37,7 +37,8 @@ def _mn_config(rng: random.Random, M: int, group: int, N: int):
         return "dense", None
     if choice == "direct":
         bm = 1 if M == 1 and rng.random() < 0.7 else rng.choice([16, 32])
-        return "direct", GemmConfig(bm, 16, rng.choice([16, 32]), split_k=rng.choice([1, 1, 2, 3]))
+        return "direct", GemmConfig(bm, 16, rng.choice([16, 32]), split_k=rng.choice([1, 1, 2, 3]),
+                                    swap=bm > 1 and rng.random() < 0.5)
     return "perm", GemmConfig(rng.choice([16, 32]), 16, rng.choice([16, 32]), group_m=rng.choice([1, 2, 8]))
 
 
@@ -126,8 +127,10 @@ def test_gemm_k(seed):
         variant = rng.choice(["", "list", "local", "premask", "sorted"])
         bk = 32 if (variant == "" and K % 32 == 0) else 16  # affine chunks may span several groups
         bm = 16 if (variant == "sorted" and bm == 1) else bm  # sorted tiles go through tl.dot
+        # the transposed tile (swap) takes chunks inside one group, on the affine and list loops
+        swap = bm > 1 and group % bk == 0 and variant in ("", "list", "local") and rng.random() < 0.5
         config = GemmConfig(bm, rng.choice([16, 32]), bk, split_k=rng.choice([1, 2, 3]), group_m=rng.choice([1, 4]),
-                            variant=variant)
+                            variant=variant, swap=swap)
     x_masked = rng.random() < 0.3  # x as gemm_mn/swiglu leave it: zero in masked groups
     if x_masked:
         x = x * expand_groups(mask, group).to(dtype)
@@ -250,3 +253,53 @@ def test_direct_split_k_matches_reference(M, fill, swiglu, split):
         tb.gemm_mn(x, w, mask, bias=bias, activation="gelu", out=out, config=cfg)
         expect = ref.gemm_mn(x, w, mask, bias=bias, activation="gelu")
     check(out, expect, x.dtype, None, "triton")
+
+
+@pytest.mark.parametrize("M", [2, 17])
+@pytest.mark.parametrize("fill", ["none", "all", "random", "coherent"])
+@pytest.mark.parametrize("op", ["gemm_mn", "swiglu", "gemm_k", "gemm_k_list"])
+@pytest.mark.parametrize("split", [1, 3])
+def test_swapped_tiles_match_reference(M, fill, op, split):
+    """``swap=True`` (the transposed skinny tile: weights on the MMA's M side) equals the reference: odd M,
+    uneven K splits, masks all off, all on, random and the same for every row (batch-coherent decode)."""
+    from wide.kernels.triton.gemm import GemmConfig
+
+    gen = torch.Generator().manual_seed(M * 1000 + split * 10 + len(fill) + len(op))
+    ng, group, K = 5, 16, 80
+    mn = op in ("gemm_mn", "swiglu")
+    n_in = K if mn else ng * group
+    n_out = ng * group if mn else 48
+    x = torch.randn(M, n_in, generator=gen)
+    w, w2 = (torch.randn(n_out, n_in, generator=gen) / n_in**0.5 for _ in range(2))
+    bias = torch.randn(n_out, generator=gen) if op in ("gemm_mn", "gemm_k") else None
+    mask = {"none": torch.zeros(M, ng, dtype=torch.bool), "all": torch.ones(M, ng, dtype=torch.bool),
+            "random": random_mask((M, ng), 0.5, gen),
+            "coherent": random_mask((1, ng), 0.5, gen).expand(M, ng).contiguous()}[fill]
+    tb, ref = get_backend("triton"), get_backend("torch")
+    out = poisoned((M, n_out), x.dtype, x.device)
+    if mn:
+        cfg = ("direct", GemmConfig(16, 16, 16, split_k=split, swap=True))
+        if op == "swiglu":
+            tb.swiglu(x, w, w2, mask, out=out, config=cfg)
+            expect = ref.swiglu(x, w, w2, mask)
+        else:
+            tb.gemm_mn(x, w, mask, bias=bias, activation="silu", out=out, config=cfg)
+            expect = ref.gemm_mn(x, w, mask, bias=bias, activation="silu")
+        zeros = ~expand_groups(mask, group)
+    else:
+        cfg = GemmConfig(16, 16, 16, split_k=split, swap=True, variant="list" if op == "gemm_k_list" else "")
+        tb.gemm_k(x, w, mask, bias=bias, out=out, config=cfg)
+        expect, zeros = ref.gemm_k(x, w, mask, bias=bias), None
+    check(out, expect, x.dtype, zeros, "triton")
+
+
+def test_swap_refuses_the_gemv_and_chunks_across_groups():
+    from wide.kernels.triton.gemm import GemmConfig
+
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="swap=True needs block_m > 1"):
+        get_backend("triton").gemm_mn(x, w, mask, config=("direct", GemmConfig(1, 16, 16, swap=True)))
+    with pytest.raises(ValueError, match="block_k=32 dividing the group size 16"):
+        get_backend("triton").gemm_k(torch.randn(2, 32), torch.randn(8, 32), torch.ones(2, 2, dtype=torch.bool),
+                                     config=GemmConfig(16, 16, 32, swap=True))

@@ -240,6 +240,17 @@ for M in (1, 16):  # decode at 50%: each tile's group list built in the kernel (
          cfg=gemm.GemmConfig(M, 32, 128, 8 if M == 1 else 4, 4, split_k=4, variant="list"))
 case("gemm", "gemm_k tile list down_proj M=16", gk, 16, H, I, I // 128, x_masked=True,
      cfg=gemm.GemmConfig(16, 32, 128, 4, 4, split_k=8, variant="local"))
+# the transposed skinny tiles (swap: weights on the MMA's M side, wgmma at block_n >= 64)
+case("gemm", "gemm_mn M=16 swap split 2", mn, 16, H, H, HQ // 4, bias=True,
+     cfg=("direct", gemm.GemmConfig(16, 64, 128, 4, 4, split_k=2, swap=True)))
+case("gemm", "swiglu M=16 swap", mn, 16, I, H, I // 128, swiglu=True,
+     cfg=("direct", gemm.GemmConfig(16, 128, 128, 4, 4, swap=True)))
+case("gemm", "gemm_mn M=16 swap ragged K", mn, 16, H, 4160, HQ // 4, act="gelu",
+     cfg=("direct", gemm.GemmConfig(16, 64, 128, 4, 4, swap=True)))
+case("gemm", "gemm_k plan list down_proj M=16 swap", gk, 16, H, I, I // 128, x_masked=True,
+     cfg=gemm.GemmConfig(16, 64, 128, 4, 4, split_k=8, variant="list", swap=True))
+case("gemm", "gemm_k affine o_proj M=16 swap bias", gk, 16, H, H, HQ // 4, bias=True,
+     cfg=gemm.GemmConfig(16, 128, 128, 4, 4, split_k=1, swap=True))
 for M in (1, 16):  # near-dense decode: no group list (gemm.affine_k_config)
     case("gemm", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm.affine_k_config(M, H, I, 128))
@@ -313,6 +324,9 @@ PATHS = {
         "GEMV ragged K": lambda c: c["BLOCK_M"] == 1 and not c["EVEN_K"],
         "tl.dot": lambda c: c["BLOCK_M"] > 1, "tl.dot swiglu": lambda c: c["BLOCK_M"] > 1 and c["SWIGLU"],
         "tl.dot ragged K": lambda c: c["BLOCK_M"] > 1 and not c["EVEN_K"],
+        "swapped tile": lambda c: c["SWAP"], "swapped swiglu": lambda c: c["SWAP"] and c["SWIGLU"],
+        "swapped split-K": lambda c: c["SWAP"] and c["SPLIT"] > 1,
+        "swapped ragged K": lambda c: c["SWAP"] and not c["EVEN_K"],
         "bias": lambda c: c["HAS_BIAS"], **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a)
                                             for a in range(4)}},
     "gemm._gemm_mn_perm_kernel": {
@@ -326,6 +340,7 @@ PATHS = {
         "GEMV affine": lambda c: c["BLOCK_M"] == 1 and not c["USE_LIST"],
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
+        "swapped list": lambda c: c["SWAP"] and c["USE_LIST"], "swapped affine": lambda c: c["SWAP"] and not c["USE_LIST"],
         "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
     "gemm._gemm_k_sorted_kernel": {"x masked": lambda c: c["X_MASKED"], "mask loads": lambda c: not c["X_MASKED"],
                                    "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"]},

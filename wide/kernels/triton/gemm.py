@@ -21,6 +21,9 @@ Kernels
 - ``_gemm_k_sorted_kernel`` (large M, structured masks): tokens in the plan's pattern-sorted order (one
   permutation per mask, gathered on load and scattered on store), each token tile walking its own compacted
   list of needed groups. Picked over the dense path when the sorted tiles need few enough of their groups.
+- Skinny tiles (decode batches): ``GemmConfig.swap`` computes the transposed tile, 64 weight rows as the
+  MMA's M side and the tokens as its N side, so that Hopper's wgmma takes it (16-row tiles fall back to
+  mma.sync); the decode-sized defaults use it.
 - Dense paths (the host picks them where skipping cannot pay; see the notes in benchmarks/): large-M
   gemm_k = ``_mask_columns_kernel`` + cuBLAS (with independent random masks every tile needs every
   group); large-M gemm_mn/SwiGLU at high mask density = cuBLAS + ``_mask_epilogue_kernel``.
@@ -42,6 +45,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def skinny_swap() -> bool:
+    """Whether the decode-sized defaults (M <= 16 gemm_mn / SwiGLU, M <= 32 gemm_k) take the transposed tile;
+    ``WIDE_SKINNY_SWAP=0`` gives the row tiles back (benchmark A/Bs: benchmarks/gpu_session.sh ab)."""
+    return os.environ.get("WIDE_SKINNY_SWAP", "1") != "0"
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
     """Launch configuration for one routed GEMM call (tests pass tiny ones; defaults are tuned)."""
@@ -57,6 +66,9 @@ class GemmConfig:
     # tile's needed-group list built inside the kernel (no launch before it), "premask" = mask pass + cuBLAS,
     # "sorted" = pattern-sorted tokens with per-tile group lists (gemm_k_sorted)
     variant: str = ""
+    # skinny tiles (direct gemm_mn, gemm_k; block_m > 1): compute the transposed tile, weights as the MMA's
+    # M side (block_n rows) and the tokens as its N side, so that block_n >= 64 takes Hopper's wgmma
+    swap: bool = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +193,7 @@ def _gemm_mn_direct_kernel(
     stride_mm, stride_mg,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr,
     EVEN_K: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -231,6 +243,33 @@ def _gemm_mn_direct_kernel(
                 w_ptrs += BLOCK_K * stride_wk
             acc = tl.expand_dims(tl.sum(part, axis=1), 0)
             acc2 = tl.expand_dims(tl.sum(part2, axis=1), 0)
+        elif SWAP:
+            # the transposed tile: W [BLOCK_N, BLOCK_K] x x^T [BLOCK_K, BLOCK_M]
+            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc2_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            x_ptrs = x_ptr + rm64[None, :] * stride_xm + (lo * BLOCK_K + rk)[:, None] * stride_xk
+            w_ptrs = w_ptr + rn[:, None] * stride_wn + (lo * BLOCK_K + rk)[None, :] * stride_wk
+            w2_ptrs = w2_ptr + rn[:, None] * stride_w2n + (lo * BLOCK_K + rk)[None, :] * stride_w2k
+            for k in range(lo, hi):
+                if EVEN_K:
+                    a = tl.load(x_ptrs, mask=mvalid[None, :], other=0.0)
+                    b = tl.load(w_ptrs)
+                else:
+                    kin = rk < K - k * BLOCK_K
+                    a = tl.load(x_ptrs, mask=mvalid[None, :] & kin[:, None], other=0.0)
+                    b = tl.load(w_ptrs, mask=kin[None, :], other=0.0)
+                acc_t = tl.dot(b, a, acc_t)
+                if SWIGLU:
+                    if EVEN_K:
+                        b2 = tl.load(w2_ptrs)
+                    else:
+                        b2 = tl.load(w2_ptrs, mask=kin[None, :], other=0.0)
+                    acc2_t = tl.dot(b2, a, acc2_t)
+                    w2_ptrs += BLOCK_K * stride_w2k
+                x_ptrs += BLOCK_K * stride_xk
+                w_ptrs += BLOCK_K * stride_wk
+            acc = tl.trans(acc_t)
+            acc2 = tl.trans(acc2_t)
         else:
             x_ptrs = x_ptr + rm64[:, None] * stride_xm + (lo * BLOCK_K + rk)[None, :] * stride_xk
             w_ptrs = w_ptr + rn[None, :] * stride_wn + (lo * BLOCK_K + rk)[:, None] * stride_wk
@@ -292,6 +331,7 @@ def _gemm_k_kernel(
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
     LOCAL_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -337,6 +377,8 @@ def _gemm_k_kernel(
     rm64 = rm.to(tl.int64)
     if BLOCK_M == 1:
         part = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    elif SWAP:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(lo, hi):
@@ -367,14 +409,23 @@ def _gemm_k_kernel(
         else:
             use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
             any_use = tl.max(use.to(tl.int32), 0)
-            b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
-                        mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
-            # rows whose token skips this group are neither loaded nor counted
-            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
-                        mask=use[:, None], other=0.0)
-            acc = tl.dot(a, b, acc)
+            if SWAP:  # W [BLOCK_N, BLOCK_K] x x^T [BLOCK_K, BLOCK_M]
+                b = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk,
+                            mask=(nvalid[:, None].to(tl.int32) * any_use) != 0, other=0.0)
+                a = tl.load(x_ptr + rm64[None, :] * stride_xm + kk[:, None] * stride_xk,
+                            mask=use[None, :], other=0.0)
+                acc_t = tl.dot(b, a, acc_t)
+            else:
+                b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                            mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
+                # rows whose token skips this group are neither loaded nor counted
+                a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
+                            mask=use[:, None], other=0.0)
+                acc = tl.dot(a, b, acc)
     if BLOCK_M == 1:
         acc = tl.expand_dims(tl.sum(part, axis=0), 0)
+    elif SWAP:
+        acc = tl.trans(acc_t)
 
     _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
                    ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid,
@@ -546,15 +597,19 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple
         # 8 x 512 (q: 7.7 vs 8.2 us) and 16 x 256 (gate/up: 30.5 vs 32.1 us) at 50%, and at 100% too
         return "direct", GemmConfig(1, _pow2_divisor(N, 4), 512, num_warps=4, num_stages=4)
     if M <= 16:
-        # 2026-11-30 sweep at M=16 (no L2 reuse): q 10.3 / 12.0 us (coherent / per-token 50%) with 32 x 256 tiles
-        # vs 13.9 / 14.9 with 64 x 128; gate/up 32.8 / 58.9 us with 128 x 128 vs 33.9 / 59.9
+        # the transposed tile (swap: 64 weight rows as the MMA's M side, wgmma): 2026-12-01 sweep at M=16 (no L2
+        # reuse, benchmarks/gemv_sweep.py --m 16 --swap-only), coherent 50%: gate/up 30.9-31.5 us vs 32.5-32.8 for
+        # the 16 x 128 row tile, q 9.1 vs 10.4-10.6 (split 4 fills the SMs with half the 64-wide tiles skipped);
+        # per-token and all-on within noise of the row tiles (gate/up 58.7 / 58.8, q 12.5 / 12.5)
+        if not skinny_swap():  # the row tiles (2026-11-30 sweep)
+            if swiglu:
+                return "direct", GemmConfig(16, _pow2_divisor(N, 128), 128, num_warps=4, num_stages=4)
+            return "direct", GemmConfig(16, _pow2_divisor(N, 32), 256, num_warps=4, num_stages=4,
+                                        split_k=2 if K >= 2048 else 1)
         if swiglu:
-            return "direct", GemmConfig(16, _pow2_divisor(N, 128), 128, num_warps=4, num_stages=4)
-        # K split in two: q_proj at 50% keeps 64 of its 128 tiles, each 256 KB (10.5 us, 1.6 TB/s on 2026-12-01:
-        # half the SMs idle); two programs per tile fill them (coherent batch-16 profile: q + gate/up 43.1 ->
-        # 42.5 us a layer, within noise)
-        return "direct", GemmConfig(16, _pow2_divisor(N, 32), 256, num_warps=4, num_stages=4,
-                                    split_k=2 if K >= 2048 else 1)
+            return "direct", GemmConfig(16, _pow2_divisor(N, 64), 128, num_warps=4, num_stages=4, swap=True)
+        return "direct", GemmConfig(16, _pow2_divisor(N, 64), 128, num_warps=4, num_stages=4,
+                                    split_k=4 if K >= 2048 else 1, swap=True)
     if M <= DIRECT_MAX_M:
         bm = 32 if M <= 32 else 64
         return "direct", GemmConfig(bm, _pow2_divisor(N, 64), 128, num_warps=4, num_stages=4)
@@ -580,14 +635,22 @@ def default_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
                               variant="local")
         return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4)
     if M <= 32:  # chunks inside one group: uniform masks along K keep the loads vectorized
+        # the transposed tile (swap, wgmma over 64 weight rows): 2026-12-01 sweep at M=16, coherent 50%: o 8.6 us,
+        # down 19.3 (list, 5 stages) vs 10.1 / 20.6 with 16 x 32 row tiles (split 8 for down)
+        if not skinny_swap():  # the row tiles (2026-11-30 sweep)
+            if group >= 128:
+                return GemmConfig(16, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4,
+                                  split_k=8 if K >= 8192 else 4, variant="list")
+            return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
         if group >= 128:
             # the needed-group list (the union of the rows' groups): batch-coherent decode masks skip half the
-            # loop (2026-11-30 sweep at M=16, 50%: o 10.0 us, down 20.7 us vs 11.1 / 23.8 with the affine loop).
-            # The plan's list, not "local": building it in each of the 1024 programs cost more than its launch
+            # loop (2026-11-30 sweep at M=16, 50%: list 10.0 / 20.7 us vs affine 11.1 / 23.8 for o / down).
+            # The plan's list, not "local": building it in each program cost more than its launch
             # (2026-12-01, down at 50%: 31.6 us local vs 21.0 list)
-            return GemmConfig(16, 32, _pow2_divisor(group, 128), num_warps=4, num_stages=4,
-                              split_k=8 if K >= 8192 else 4, variant="list")
-        return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
+            return GemmConfig(16, 64, _pow2_divisor(group, 128), num_warps=4, num_stages=5, split_k=4,
+                              variant="list", swap=True)
+        bk = _pow2_divisor(group, 128)
+        return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4, swap=bk >= 64)
     if M < K_PREMASK_MIN_M:
         return GemmConfig(64, 128, _pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
     return GemmConfig(128, 128, 64, variant="premask")
@@ -607,7 +670,11 @@ def affine_k_config(M: int, N: int, K: int, group: int) -> GemmConfig:
         return GemmConfig(1 if M == 1 else 16, 16, _pow2_divisor(K, 32))
     if M == 1:
         return GemmConfig(1, 32, _pow2_divisor(K, 128), num_warps=8, num_stages=4, split_k=4)
-    return GemmConfig(16, 64, _pow2_divisor(K, 128), num_warps=4, num_stages=4, split_k=8 if K >= 8192 else 4)
+    bk = _pow2_divisor(group, 128)
+    if bk < 64 or not skinny_swap():  # narrow groups: chunks across groups (per-column decisions), row tiles
+        return GemmConfig(16, 64, _pow2_divisor(K, 128), num_warps=4, num_stages=4, split_k=8 if K >= 8192 else 4)
+    # the transposed tile (2026-12-01 sweep, M=16 all on: o 12.3 us, down 32.1 vs 12.9 / 32.4 with 16 x 64 row tiles)
+    return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4, swap=True)
 
 
 def sorted_k_config(M: int, N: int, K: int, group: int) -> GemmConfig | None:
@@ -664,6 +731,8 @@ def gemm_mn_direct(x, weight, weight2, bias, out, mask, group: int, act: int, sw
         raise ValueError(f"block_n={cfg.block_n} must divide N={N}")
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
+    if cfg.swap and cfg.block_m == 1:
+        raise ValueError("swap=True needs block_m > 1 (the GEMV has no MMA to transpose)")
     w2 = weight2 if weight2 is not None else weight
     split = max(1, cfg.split_k)
     grid = (triton.cdiv(M, cfg.block_m), N // cfg.block_n, split)
@@ -677,7 +746,7 @@ def gemm_mn_direct(x, weight, weight2, bias, out, mask, group: int, act: int, sw
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), w2.stride(0), w2.stride(1),
         out.stride(0), out.stride(1), mask.stride(0), mask.stride(1),
         GROUP=group, HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
-        SPLIT=split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT=split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SWAP=cfg.swap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -731,6 +800,8 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         return out
     if cfg.block_m == 1 and M != 1:
         raise ValueError("block_m=1 (GEMV) needs M == 1")
+    if cfg.swap and (cfg.block_m == 1 or group % cfg.block_k):
+        raise ValueError(f"swap=True needs block_m > 1 and block_k={cfg.block_k} dividing the group size {group}")
     split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=mask)
     ng = K // group
     block_g = triton.next_power_of_2(ng) if cfg.variant == "local" else 1
@@ -746,7 +817,7 @@ def gemm_k(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmCon
         mask.stride(0), mask.stride(1),
         GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=listed,
         LOCAL_LIST=cfg.variant == "local", BLOCK_G=block_g,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWAP=cfg.swap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
