@@ -33,6 +33,11 @@ QUICK = [None] + [A(block_n=bn, num_warps=w, num_stages=st, splits=sp)
                   for bn, w, st, sp in ((64, 4, 3, 0), (64, 4, 2, 0), (64, 8, 3, 0), (64, 4, 3, -2), (32, 4, 3, -2),
                                         (128, 4, 2, -2), (64, 8, 2, -2), (64, 8, 3, -3))]
 
+# the splits combined in the split kernel's last program (fold) against the second launch, at fewer splits
+FOLD = [None] + [A(block_n=64, num_warps=w, num_stages=st, splits=sp, fold=f)
+                 for w, st, sp in ((8, 3, -2), (8, 3, -3), (8, 3, -4), (4, 2, -2), (4, 3, -3), (8, 4, -4))
+                 for f in (False, True)]
+
 
 def main() -> None:
     import argparse
@@ -46,8 +51,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--quick", action="store_true", help="a few candidates (~9) instead of 28")
+    ap.add_argument("--fold", action="store_true", help="the folded combine against the second launch (13)")
     args = ap.parse_args()
-    candidates = QUICK if args.quick else CANDIDATES
+    candidates = FOLD if args.fold else QUICK if args.quick else CANDIDATES
     tb = get_backend("triton")
     for B in args.batch:
         q = torch.randn(B, 1, HQ, D, device=DEV, dtype=DT)
@@ -86,7 +92,8 @@ def main() -> None:
             for cfg in candidates:
                 if cfg is not None and cfg.splits:
                     splits = max(1, auto * cfg.splits if cfg.splits > 0 else auto // -cfg.splits)
-                    cfg = A(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, splits=splits)
+                    cfg = A(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, splits=splits,
+                            fold=cfg.fold)
                 try:
                     def fn(cfg=cfg):
                         return tb.attention_decode(q, k, v, mask3, lengths=lengths, config=cfg)

@@ -33,6 +33,10 @@ def test_decode_attention_takes_the_all_heads_config_at_a_dense_hint(monkeypatch
     assert half == none and (half.num_warps, half.num_stages) == (8, 3)
     assert (full.num_warps, full.num_stages, full.splits) == (4, 2, half.splits)
     assert ta.default_decode_config(1, 8, 4104, 128, "cpu", 1.0) == ta.default_decode_config(1, 8, 4104, 128, "cpu")
+    # few splits (many pairs): the combine folded into the split kernel; many splits keep the second launch
+    assert half.fold and full.fold and not ta.default_decode_config(1, 8, 4104, 128, "cpu").fold
+    monkeypatch.setenv("WIDE_DECODE_FOLD", "0")
+    assert not ta.default_decode_config(16, 8, 4104, 128, "cpu", 0.5).fold
 
 
 def test_attention_decode_density_is_checked_and_passed_to_the_backend(monkeypatch):

@@ -126,7 +126,12 @@ def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
 @pytest.mark.parametrize("B,S,HQ,HK,D", [(16, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (3, 999, 8, 8, 64),
                                          (4, 2048, 32, 4, 128), (4, 2048, 12, 2, 128), (3, 999, 9, 3, 64)], ids=str)
 @pytest.mark.parametrize("density", [0.5, 1.0])
-def test_attention_decode(B, S, HQ, HK, D, density):
+@pytest.mark.parametrize("fold", [False, True], ids=["combine-launch", "fold"])
+def test_attention_decode(B, S, HQ, HK, D, density, fold):
+    import dataclasses
+
+    from wide.kernels.triton.attention import default_decode_config
+
     dtype = torch.bfloat16
     g = HQ // HK
     q = torch.randn(B, 1, HQ, D, device=DEV, dtype=dtype)
@@ -136,10 +141,13 @@ def test_attention_decode(B, S, HQ, HK, D, density):
     lengths = torch.randint(1, S + 1, (B,), device=DEV)
     lengths[0] = S
     ref = get_backend("torch").attention_decode(q.float(), k.float(), v.float(), mask, lengths=lengths)
+    cfg = dataclasses.replace(default_decode_config(B, HK, S, D, DEV, density), fold=fold)
     out = poisoned(q.shape, dtype, DEV)
-    wk.attention_decode(q, k, v, mask, lengths=lengths, out=out)
+    tb = get_backend("triton")
+    tb.attention_decode(q, k, v, mask, lengths=lengths, out=out, config=cfg)
     check(out, ref, dtype, ~expand_groups(mask, g), "decode")
-    assert torch.equal(wk.attention_decode(q, k, v, mask, lengths=lengths), out), "decode is not deterministic"
+    again = tb.attention_decode(q, k, v, mask, lengths=lengths, config=cfg)
+    assert torch.equal(again, out), "decode is not deterministic"
 
 
 def test_cuda_graph_capture_decode_and_gemv():

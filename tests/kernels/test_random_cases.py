@@ -216,7 +216,7 @@ def test_attention_decode(seed):
     lengths = None
     if rng.random() < 0.6:  # right-padded batch; a zero-length row gives zeros
         lengths = torch.tensor([rng.randint(0 if rng.random() < 0.1 else 1, S) for _ in range(B)])
-    config = AttentionConfig(block_n=16, num_stages=1, splits=rng.choice([0, 1, 2, 3, 5]))
+    config = AttentionConfig(block_n=16, num_stages=1, splits=rng.choice([0, 1, 2, 3, 5]), fold=rng.random() < 0.5)
     ref = get_backend("torch").attention_decode(q.float(), k.float(), v.float(), mask, lengths=lengths)
     zeros = ~expand_groups(mask, gsize)
     out = poisoned(q.shape, dtype, q.device)
@@ -303,3 +303,28 @@ def test_swap_refuses_the_gemv_and_chunks_across_groups():
     with pytest.raises(ValueError, match="block_k=32 dividing the group size 16"):
         get_backend("triton").gemm_k(torch.randn(2, 32), torch.randn(8, 32), torch.ones(2, 2, dtype=torch.bool),
                                      config=GemmConfig(16, 16, 32, swap=True))
+
+
+@pytest.mark.parametrize("fill", ["none", "all", "random"])
+@pytest.mark.parametrize("splits", [1, 3, 4])
+@pytest.mark.parametrize("gsize", [1, 2, 4])
+def test_decode_splits_folded_into_the_last_program(fill, splits, gsize):
+    """``fold=True``: each (row, KV head)'s last split program combines the splits (and split 0 writes the zeros
+    of heads no split computes) — equal to the reference with padded rows, an empty row and uneven splits, and
+    again on a second call (the arrival counters reset themselves)."""
+    from wide.kernels.triton.attention import AttentionConfig
+
+    gen = torch.Generator().manual_seed(splits * 10 + gsize + len(fill))
+    B, S, HQ, HK, D = 4, 45, 8, 2, 32
+    q = torch.randn(B, 1, HQ, D, generator=gen)
+    k, v = _kv(B, S, HK, D, torch.float32, gen, strided=True)
+    mask = {"none": torch.zeros(B, 1, HQ // gsize, dtype=torch.bool),
+            "all": torch.ones(B, 1, HQ // gsize, dtype=torch.bool),
+            "random": random_mask((B, 1, HQ // gsize), 0.5, gen)}[fill]
+    lengths = torch.tensor([S, 17, 0, 1])
+    ref = get_backend("torch").attention_decode(q, k, v, mask, lengths=lengths)
+    cfg = AttentionConfig(block_n=16, num_stages=1, splits=splits, fold=True)
+    for _ in range(2):
+        out = poisoned(q.shape, q.dtype, q.device)
+        get_backend("triton").attention_decode(q, k, v, mask, lengths=lengths, out=out, config=cfg)
+        check(out, ref, q.dtype, ~expand_groups(mask, gsize), "triton")

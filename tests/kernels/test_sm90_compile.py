@@ -38,7 +38,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
-import concurrent.futures, inspect, json, os, re, traceback
+import concurrent.futures, dataclasses, inspect, json, os, re, traceback
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -194,12 +194,14 @@ def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
                                 attention.default_scale(D), attention.default_prefill_config(T, D, DT.itemsize))
 
 
-def decode(B, S, HQ, HK, D, gsize, lengths=False, density=None):
+def decode(B, S, HQ, HK, D, gsize, lengths=False, density=None, fold=None):
     q, k, v = t(B, 1, HQ, D), t(B, S, HK, D), t(B, S, HK, D)
     mask = t(B, HQ // gsize, dtype=torch.bool).view(torch.uint8)
     lens = t(B, dtype=torch.int32) if lengths else None
-    attention.attention_decode(q, k, v, torch.empty_like(q), mask, lens, gsize, attention.default_scale(D),
-                               attention.default_decode_config(B, HK, S, D, "cuda", density))
+    cfg = attention.default_decode_config(B, HK, S, D, "cuda", density)
+    if fold is not None:
+        cfg = dataclasses.replace(cfg, fold=fold)
+    attention.attention_decode(q, k, v, torch.empty_like(q), mask, lens, gsize, attention.default_scale(D), cfg)
 
 
 case("plan", "partition T=16 (BLOCK 256)", plan.partition, t(1, 16, 224, dtype=torch.bool))
@@ -297,6 +299,10 @@ case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", p
 case("attention", "prefill T=4096 Qwen2.5-1.5B heads", prefill, 1, 4096, 12, 2, D, 6)
 case("attention", "decode B=16 S=4096 Qwen2.5-1.5B heads", decode, 16, 4096, 12, 2, D, 6)
 case("attention", "decode B=1 S=32768", decode, 1, 32768, HQ, HK, D, 4)
+case("attention", "decode B=16 S=4096 splits folded", decode, 16, 4096, HQ, HK, D, 4, fold=True)
+case("attention", "decode B=16 S=4096 splits folded lengths", decode, 16, 4096, HQ, HK, D, 4, lengths=True, fold=True)
+case("attention", "decode B=16 S=4096 two launches", decode, 16, 4096, HQ, HK, D, 4, fold=False)
+case("attention", "decode B=4 S=4096 lengths", decode, 4, 4096, HQ, HK, D, 4, lengths=True)
 case("attention", "decode B=16 S=32768 lengths", decode, 16, 32768, HQ, HK, D, 4, lengths=True)
 case("attention", "decode B=16 S=4096 lengths all heads", decode, 16, 4096, HQ, HK, D, 4, lengths=True, density=1.0)
 
@@ -352,7 +358,10 @@ PATHS = {
                                   "lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"],
                                   "GQA packing": lambda c: c["HU"] > 1,
                                   "padded heads": lambda c: c["HU_P"] > c["HU"]},
-    "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
+    "attention._decode_split_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"],
+                                       "folded combine": lambda c: c["FOLD"],
+                                       "folded combine, lengths": lambda c: c["FOLD"] and c["HAS_LEN"],
+                                       "combine launch": lambda c: not c["FOLD"]},
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
     "plan._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},

@@ -10,22 +10,24 @@ count write zeros for the inactive tokens they cover.
 
 Decode: flash-decoding. Programs (split, batch row x KV head) skip entirely, reading no K/V, when none
 of the KV head's query heads executes in that row; a second kernel combines the splits in a fixed
-order (deterministic) and writes zeros for inactive heads. (Combining in the split kernel's last program
-to arrive, as gemm_k does, was measured slower on the H200 on 2026-12-01: one program walks the splits in
-turn, 27 us a layer at batch 1 with 65 splits against 8.3 us for the two launches.)
+order (deterministic) and writes zeros for inactive heads. With few splits (``AttentionConfig.fold``, the
+default for many (row, KV head) pairs) the last split program of each pair to arrive combines them instead,
+all at once, and no second launch runs. (One program walking many splits in turn was slower on the H200 on
+2026-12-01: 27 us a layer at batch 1 with 65 splits against 8.3 us for the two launches.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gemm import interpreting
+from .gemm import arrival_counters, interpreting
 
 LOG2E = 1.4426950408889634
 
@@ -37,6 +39,9 @@ class AttentionConfig:
     num_warps: int = 8
     num_stages: int = 3
     splits: int = 0  # decode only: 0 = pick from the problem size
+    # decode only: the last split program of each (row, KV head) combines the splits (no second launch); taken
+    # up to FOLD_MAX_SPLITS splits (one program combining many splits in turn was slower than the second launch)
+    fold: bool = False
 
 
 @triton.jit
@@ -130,12 +135,15 @@ def _prefill_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, ws_o_ptr, ws_ml_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, len_ptr, ws_o_ptr, ws_ml_ptr, o_ptr, cnt_ptr,
     S, chunk, qk_scale, HQ, HK, SPLITS,
-    sqb, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, smb, smg,
+    sqb, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, smb, smg, sob, soh, sod,
     QPK: tl.constexpr, GSIZE: tl.constexpr, HAS_LEN: tl.constexpr, QB: tl.constexpr,
-    BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, FOLD: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
+    # FOLD: the (row, KV head)'s last split program to arrive (an arrival counter) combines the splits itself,
+    # all at once ([heads, splits, D] in registers: few splits only), and split 0 writes the zeros of the heads
+    # no split computes; otherwise _decode_reduce_kernel does both
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HK
@@ -150,8 +158,14 @@ def _decode_split_kernel(
         kv_len = tl.minimum(tl.load(len_ptr + b), S)
     start = pid_s * chunk
     end = tl.minimum(start + chunk, kv_len)
+    d = tl.arange(0, HEAD_D)
+    n_valid = tl.cdiv(kv_len, chunk)  # splits holding keys of this row
+    if FOLD:
+        if pid_s == 0:
+            dead = hvalid & ((act & (n_valid > 0)) == 0)
+            tl.store(o_ptr + b.to(tl.int64) * sob + heads[:, None] * soh + d[None, :] * sod,
+                     tl.zeros((QB, HEAD_D), dtype=o_ptr.dtype.element_ty), mask=dead[:, None])
     if any_act & (start < end):
-        d = tl.arange(0, HEAD_D)
         n = tl.arange(0, BLOCK_N)
         q = tl.load(q_ptr + b.to(tl.int64) * sqb + heads[:, None] * sqh + d[None, :] * sqd,
                     mask=act[:, None], other=0.0)
@@ -177,6 +191,24 @@ def _decode_split_kernel(
         tl.store(ws_o_ptr + slot.to(tl.int64)[:, None] * HEAD_D + d[None, :], acc, mask=act[:, None])
         tl.store(ws_ml_ptr + slot * 2, m_i, mask=act)
         tl.store(ws_ml_ptr + slot * 2 + 1, l_i, mask=act)
+        if FOLD:
+            tl.debug_barrier()  # every thread's partial stored before the releasing atomic
+            done = tl.atomic_add(cnt_ptr + pid_bh, 1, sem="acq_rel")
+            if done == n_valid - 1:
+                sp = tl.arange(0, SPLITS_P2)
+                ok = act[:, None] & (sp < n_valid)[None, :]
+                slots = (b * HQ + heads)[:, None] * SPLITS + sp[None, :]
+                m = tl.load(ws_ml_ptr + slots * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+                l = tl.load(ws_ml_ptr + slots * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+                m_max = tl.max(m, 1)
+                w = tl.where(ok, tl.exp2(m - tl.where(act, m_max, 0.0)[:, None]), 0.0)
+                o = tl.load(ws_o_ptr + slots.to(tl.int64)[:, :, None] * HEAD_D + d[None, None, :],
+                            mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+                den = tl.sum(w * l, 1)
+                out = tl.sum(w[:, :, None] * o, 1) / tl.where(act, den, 1.0)[:, None]
+                tl.store(o_ptr + b.to(tl.int64) * sob + heads[:, None] * soh + d[None, :] * sod,
+                         out.to(o_ptr.dtype.element_ty), mask=act[:, None])
+                tl.store(cnt_ptr + pid_bh, 0)
 
 
 @triton.jit
@@ -245,9 +277,13 @@ def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
         # keys, half the heads: 40.6 us with 4 splits / 8 warps / 3 stages against 44.1 with 9 / 4 / 3); with
         # ~every head running, 4 warps and 2 stages (third session's full sweep: 69.6 us against 72.6 all on,
         # but >= 42 against 40.9 at half)
+        # The splits combined in the last split program (fold, no second launch): fourth session's sweep, batch 16,
+        # 4 splits: 39.9 us against 40.8 at half the heads, 68.2 against 69.7 all on (4 warps, 2 stages); at
+        # batches 1 and 4 (33-65 splits) the second launch stays (fewer splits with fold were slower there)
+        fold = decode_fold()
         if density is not None and density >= DECODE_DENSE_DENSITY:
-            return AttentionConfig(block_n=64, num_warps=4, num_stages=2, splits=max(1, splits // 2))
-        return AttentionConfig(block_n=64, num_warps=8, num_stages=3, splits=max(1, splits // 2))
+            return AttentionConfig(block_n=64, num_warps=4, num_stages=2, splits=max(1, splits // 2), fold=fold)
+        return AttentionConfig(block_n=64, num_warps=8, num_stages=3, splits=max(1, splits // 2), fold=fold)
     iters = triton.cdiv(S, splits * 64)
     return AttentionConfig(block_n=64, num_warps=4, num_stages=2 if iters <= 8 else 3)
 
@@ -314,6 +350,16 @@ def attention_prefill_dense(q, k, v, out, mask, gsize: int, causal: bool, scale:
     return torch.mul(o, keep, out=out)
 
 
+# AttentionConfig.fold at most this many splits: the combining program holds [heads, splits, D] at once
+FOLD_MAX_SPLITS = 16
+
+
+def decode_fold() -> bool:
+    """Whether the many-pairs decode default folds the split combine into the split kernel; ``WIDE_DECODE_FOLD=0``
+    keeps the second launch (benchmark A/Bs: benchmarks/gpu_session.sh ab)."""
+    return os.environ.get("WIDE_DECODE_FOLD", "1") != "0"
+
+
 def decode_splits(B: int, HK: int, S: int, block_n: int, device: torch.device) -> int:
     """Splits of the key axis so that about four programs per SM exist when half the heads run."""
     want = triton.cdiv(8 * _sm_count(device), B * HK)
@@ -343,18 +389,23 @@ def attention_decode(q, k, v, out, mask, lengths, gsize: int, scale: float, conf
         ws_o, ws_ml = workspace
     lens = lengths if lengths is not None else mask
     qb = max(16, triton.next_power_of_2(qpk))
+    fold = cfg.fold and splits <= FOLD_MAX_SPLITS
+    splits_p2 = max(2, triton.next_power_of_2(splits))
     _decode_split_kernel[(splits, B * HK)](
-        q, k, v, mask, lens, ws_o, ws_ml,
+        q, k, v, mask, lens, ws_o, ws_ml, out, arrival_counters(q.device, B * HK) if fold else mask,
         S, chunk, scale * LOG2E, HQ, HK, splits,
         q.stride(0), q.stride(2), q.stride(3), *k.stride(), *v.stride(), mask.stride(0), mask.stride(1),
+        out.stride(0), out.stride(2), out.stride(3),
         QPK=qpk, GSIZE=gsize, HAS_LEN=lengths is not None, QB=qb, BLOCK_N=cfg.block_n, HEAD_D=D,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        FOLD=fold, SPLITS_P2=splits_p2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if fold:
+        return out
     block_d = min(D, 32)
     _decode_reduce_kernel[(B * HQ, D // block_d)](
         ws_o, ws_ml, mask, lens, out,
         S, chunk, HQ, splits, mask.stride(0), mask.stride(1), out.stride(0), out.stride(2), out.stride(3),
-        GSIZE=gsize, HAS_LEN=lengths is not None, SPLITS_P2=max(2, triton.next_power_of_2(splits)),
+        GSIZE=gsize, HAS_LEN=lengths is not None, SPLITS_P2=splits_p2,
         HEAD_D=D, BLOCK_D=block_d, num_warps=4,
     )
     return out
