@@ -121,7 +121,9 @@ def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, 
     else:
         tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
         # the atomic releases this program's partial and acquires the others'; the last program resets the
-        # counter for the next launch (CUDA-graph replays included)
+        # counter for the next launch (CUDA-graph replays included). The barrier first: every thread's stores
+        # before the one thread's releasing atomic (a release covers only what that thread has seen)
+        tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
         if done == SPLIT - 1:
             tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -306,6 +308,7 @@ def _gemm_mn_direct_kernel(
             if SWIGLU:
                 tl.store(ws_tile + (SPLIT + pid_s) * M * N, acc2, mask=ok)
             tile = pid_m * tl.num_programs(1) + pid_n
+            tl.debug_barrier()  # all threads' partials stored before the releasing atomic
             done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
             if done == SPLIT - 1:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

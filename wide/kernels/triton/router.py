@@ -50,6 +50,7 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
         base = part_ptr + (row * SPLIT + s) * (BLOCK_R + 1)
         tl.store(base + r, h)
         tl.store(base + BLOCK_R, sq)
+        tl.debug_barrier()  # every thread's stores before the one thread's releasing atomic
         done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")  # releases the partials, acquires the others'
         last = done == SPLIT - 1
     else:
@@ -78,6 +79,7 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
             else:
                 tl.store(out_ptr + row * som + g, m, mask=gin)
         if COHERENT:
+            tl.debug_barrier()
             rows_done = tl.atomic_add(cnt_ptr + M, 1, sem="acq_rel")  # releases this row's margins
             if rows_done == M - 1:
                 tl.store(cnt_ptr + M, 0)
