@@ -231,3 +231,16 @@ def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model
     assert by["dense"]["row_runs"] == by["dense"]["weights_read"] == 1.0
     assert 0 < by["per-token"]["row_runs"] < 1 and by["per-token"]["weights_read"] >= by["per-token"]["row_runs"]
     assert abs(by["coherent"]["weights_read"] - by["coherent"]["row_runs"]) < 1e-6
+
+
+def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """A table timed with an A/B switch set (WIDE_SKINNY_SWAP=0, ...) says so in its report and JSON."""
+    monkeypatch.setenv("WIDE_SKINNY_SWAP", "0")
+    monkeypatch.delenv("WIDE_DECODE_FOLD", raising=False)
+    monkeypatch.delenv("WIDE_KERNEL_BACKEND", raising=False)
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",
+                "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
+                "--json", str(out)])
+    assert json.loads(out.read_text())["env"] == {"WIDE_SKINNY_SWAP": "0"}
+    assert "kernel switches from the environment: WIDE_SKINNY_SWAP=0" in capsys.readouterr().out

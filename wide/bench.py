@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import time
 import warnings
@@ -455,6 +456,15 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
             _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
 
 
+KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD")
+
+
+def kernel_switches() -> dict:
+    """The environment variables that change which kernels or configs routed ops take, where set: a table timed
+    under one of them says so (report line and JSON ``env``)."""
+    return {k: os.environ[k] for k in KERNEL_SWITCHES if k in os.environ}
+
+
 def _execute_bias(router):
     """The execute rows' bias (interleaved execute / skip outputs) of a linear or low-rank router, or None."""
     layer = getattr(router, "up", None)
@@ -690,9 +700,12 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
         print(f"both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue, {args.fuse_glue})")
     if args.no_overlap_routing:
         print("routed decode: the attention router on the main stream (--no-overlap-routing)")
+    switches = kernel_switches()
+    if switches:
+        print("kernel switches from the environment: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": dev, "torch": torch.__version__, "args": vars(args),
-                                               "rows": rows}, indent=2))
+                                               "env": switches, "rows": rows}, indent=2))
     return 0
