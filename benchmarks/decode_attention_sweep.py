@@ -10,6 +10,7 @@ the six fastest configs per case and the default (``None``), each with its error
 
     PYTHONPATH=. python3 benchmarks/decode_attention_sweep.py        # H200: ~1-2 min
 """
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph, print_fastest  # noqa: E402  (benchmarks/kernels.py)
+from kernels import bench_graph, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend  # noqa: E402
 from wide.kernels.triton.attention import AttentionConfig as A  # noqa: E402
 
@@ -92,16 +93,13 @@ def main() -> None:
             for cfg in candidates:
                 if cfg is not None and cfg.splits:
                     splits = max(1, auto * cfg.splits if cfg.splits > 0 else auto // -cfg.splits)
-                    cfg = A(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, splits=splits,
-                            fold=cfg.fold)
-                try:
-                    def fn(cfg=cfg):
+                    cfg = dataclasses.replace(cfg, splits=splits)
+
+                def setup(cfg=cfg, ref=ref, mask3=mask3):
+                    def fn():
                         return tb.attention_decode(q, k, v, mask3, lengths=lengths, config=cfg)
-                    out = fn()
-                    err = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-9)).item()
-                    res.append((bench_graph(fn) * 1e3, str(cfg), f"{err:.1e}"))
-                except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
-                    res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
+                    return fn(), ref, lambda: bench_graph(fn) * 1e3
+                time_candidate(res, cfg, setup)
             print_fastest(res, lambda t, c, err: f"  {label:14s} {t:7.1f} us  {best_dense / t:5.2f}x  "
                                                  f"{nbytes * density / t / 1e6:5.2f} TB/s  rel err {err}  {c}")
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph, print_fastest  # noqa: E402  (benchmarks/kernels.py)
+from kernels import bench_graph, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
 
@@ -117,12 +117,10 @@ def main() -> None:
             plan = make_plan(mask).materialize(flat=True)
             res = []
             for cfg in candidates[op]:
-                try:
+                def setup(cfg=cfg):
                     fns, out, ref = routed_calls(op, x, ws, w2s, mask, plan, cfg)
-                    err = f"{((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-9)).item():.1e}"
-                    res.append((graph_us(fns), str(cfg), err))
-                except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
-                    res.append((float("inf"), str(cfg), f"{type(e).__name__}: {str(e)[:80]}"))
+                    return out, ref, lambda: graph_us(fns)
+                time_candidate(res, cfg, setup)
             print_fastest(res, lambda t, c, err: f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  "
                                                  f"{nbytes * density / t / 1e6:5.2f} TB/s  rel err {err}  {c}")
 

@@ -123,6 +123,17 @@ def print_fastest(results: list, line, keep: int = 6) -> None:
         print(line(t, c, err), flush=True)
 
 
+def time_candidate(results: list, config, setup) -> None:
+    """Config sweeps: appends ``(us, config label, relative error)`` of one candidate to ``results``, where
+    ``setup()`` runs it once and returns ``(out, ref, timer)`` (``timer()``: us a call); a candidate the shape does
+    not take is kept as ``(inf, label, error message)``."""
+    try:
+        out, ref, timer = setup()
+        results.append((timer(), str(config), f"{rel_err(out, ref):.1e}"))
+    except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
+        results.append((float("inf"), str(config), f"{type(e).__name__}: {str(e)[:80]}"))
+
+
 def bench(fn, small: bool) -> float:
     return bench_graph(fn) if small else bench_eager(fn)
 
