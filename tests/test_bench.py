@@ -237,6 +237,7 @@ def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_model_dir
     """A table timed with an A/B switch set (WIDE_SKINNY_SWAP=0, ...) says so in its report and JSON."""
     monkeypatch.setenv("WIDE_SKINNY_SWAP", "0")
     monkeypatch.delenv("WIDE_DECODE_FOLD", raising=False)
+    monkeypatch.delenv("WIDE_PERSISTENT_MN", raising=False)
     monkeypatch.delenv("WIDE_KERNEL_BACKEND", raising=False)
     out = tmp_path / "bench.json"
     bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",

@@ -456,7 +456,7 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
             _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
 
 
-KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD")
+KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD", "WIDE_PERSISTENT_MN")
 
 
 def kernel_switches() -> dict:

@@ -77,3 +77,17 @@ def test_decode_sized_gemms_take_the_transposed_tile_unless_switched_off(monkeyp
     assert not any(c.swap for c in (tg.default_mn_config(16, 4096, 4096, 512, False)[1],
                                     tg.default_mn_config(16, 14336, 4096, 128, True)[1],
                                     tg.default_k_config(16, 4096, 14336, 128), tg.affine_k_config(16, 4096, 14336, 128)))
+
+
+def test_prefill_sized_gemm_mn_takes_the_persistent_kernel_unless_switched_off(monkeypatch):
+    """From M = 1024 with groups of >= 128 (H200 sweep 2026-12-01): gate/up 128 x 128 tiles, q's 512-wide groups
+    256-wide ones; narrow groups, smaller M and ``WIDE_PERSISTENT_MN=0`` keep one program per tile."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    gu = tg.default_mn_config(4096, 14336, 4096, 128, True)
+    q = tg.default_mn_config(1024, 4096, 4096, 512, False)
+    assert gu[0] == q[0] == "perm" and gu[1].persistent == q[1].persistent == 1
+    assert (gu[1].block_m, gu[1].block_n, q[1].block_n) == (128, 128, 256)
+    assert not tg.default_mn_config(512, 14336, 4096, 128, True)[1].persistent
+    assert not tg.default_mn_config(4096, 14336, 4096, 64, True)[1].persistent
+    monkeypatch.setenv("WIDE_PERSISTENT_MN", "0")
+    assert not tg.default_mn_config(4096, 14336, 4096, 128, True)[1].persistent

@@ -39,7 +39,8 @@ def _mn_config(rng: random.Random, M: int, group: int, N: int):
         bm = 1 if M == 1 and rng.random() < 0.7 else rng.choice([16, 32])
         return "direct", GemmConfig(bm, 16, rng.choice([16, 32]), split_k=rng.choice([1, 1, 2, 3]),
                                     swap=bm > 1 and rng.random() < 0.5)
-    return "perm", GemmConfig(rng.choice([16, 32]), 16, rng.choice([16, 32]), group_m=rng.choice([1, 2, 8]))
+    return "perm", GemmConfig(rng.choice([16, 32]), 16, rng.choice([16, 32]), group_m=rng.choice([1, 2, 8]),
+                              persistent=rng.choice([0, 1]))
 
 
 def _gemm_problem(seed: int, swiglu: bool = False):
@@ -291,6 +292,43 @@ def test_swapped_tiles_match_reference(M, fill, op, split):
         tb.gemm_k(x, w, mask, bias=bias, out=out, config=cfg)
         expect, zeros = ref.gemm_k(x, w, mask, bias=bias), None
     check(out, expect, x.dtype, zeros, "triton")
+
+
+@pytest.mark.parametrize("M", [5, 37, 70])
+@pytest.mark.parametrize("fill", ["none", "all", "random", "one group off", "one group on"])
+@pytest.mark.parametrize("op", ["gemm_mn", "swiglu"])
+@pytest.mark.parametrize("block", [(16, 16, 16), (16, 32, 32), (32, 16, 16)], ids=str)
+def test_persistent_tiles_match_reference_and_the_per_tile_kernel(M, fill, op, block):
+    """The persistent large-M kernel (``GemmConfig.persistent``: 3 programs in the interpreter, each striding over
+    the active tiles, then the zero tiles) equals the reference and, bit for bit, the one-program-per-tile kernel:
+    odd M, ragged K, groups of two N tiles, groups with no / every token active."""
+    from wide.kernels.triton.gemm import GemmConfig
+
+    gen = torch.Generator().manual_seed(M * 100 + len(fill) + len(op) + block[0] + block[1])
+    ng, group, K = 3, 32, 40
+    N = ng * group
+    x = torch.randn(M, K, generator=gen)
+    w, w2 = (torch.randn(N, K, generator=gen) / K**0.5 for _ in range(2))
+    mask = {"none": torch.zeros(M, ng, dtype=torch.bool), "all": torch.ones(M, ng, dtype=torch.bool),
+            "random": random_mask((M, ng), 0.5, gen)}.get(fill)
+    if mask is None:  # one group's column differs from the random rest
+        mask = random_mask((M, ng), 0.5, gen)
+        mask[:, 1] = fill == "one group on"
+    tb, ref = get_backend("triton"), get_backend("torch")
+    outs = []
+    for persistent in (1, 0):
+        cfg = ("perm", GemmConfig(*block, persistent=persistent))
+        out = poisoned((M, N), x.dtype, x.device)
+        if op == "swiglu":
+            tb.swiglu(x, w, w2, mask, out=out, config=cfg)
+            expect = ref.swiglu(x, w, w2, mask)
+        else:
+            bias = torch.randn(N, generator=torch.Generator().manual_seed(1))
+            tb.gemm_mn(x, w, mask, bias=bias, activation="gelu", out=out, config=cfg)
+            expect = ref.gemm_mn(x, w, mask, bias=bias, activation="gelu")
+        check(out, expect, x.dtype, ~expand_groups(mask, group), "triton")
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_swap_refuses_the_gemv_and_chunks_across_groups():

@@ -223,6 +223,16 @@ for M, K, act, bias in ((1, H, None, True), (1, 4160, "gelu", False), (16, H, "s
     case("gemm", f"gemm_mn M={M} K={K} act={act} bias={bias}", mn, M, H, K, HQ // 4, act=act, bias=bias)
 for act in (None, "silu", "gelu", "relu"):
     case("gemm", f"gemm_mn M=4096 act={act} dense", mn, 4096, H, H, HQ // 4, act=act, bias=True, dense=True)
+# the persistent kernel (from M = 1024, groups of >= 128: gate/up in groups of 128, q_proj in groups of 512) and the
+# one-program-per-tile kernel it replaced there (WIDE_PERSISTENT_MN=0)
+for M in (1024, 4096):
+    case("gemm", f"swiglu groups of 128 M={M}", mn, M, I, H, I // 128, swiglu=True)
+case("gemm", "gemm_mn M=1024 K=4128 act=silu", mn, 1024, H, 4128, HQ // 4, act="silu")
+case("gemm", "gemm_mn M=2048 act=gelu bias", mn, 2048, H, H, HQ // 4, act="gelu", bias=True)
+case("gemm", "swiglu groups of 128 M=4096 one program per tile", mn, 4096, I, H, I // 128, swiglu=True,
+     cfg=("perm", gemm.GemmConfig(128, 128, 64, 8, 3)))
+case("gemm", "gemm_mn M=4096 act=relu bias one program per tile", mn, 4096, H, H, HQ // 4, act="relu", bias=True,
+     cfg=("perm", gemm.GemmConfig(256, 128, 64, 8, 3)))
 # split-K direct tiles (the M=16 q_proj default splits K in two; any config may)
 case("gemm", "gemm_mn M=16 split 2 bias", mn, 16, H, H, HQ // 4, bias=True,
      cfg=("direct", gemm.GemmConfig(16, 32, 256, 4, 4, split_k=2)))
@@ -337,6 +347,10 @@ PATHS = {
                                             for a in range(4)}},
     "gemm._gemm_mn_perm_kernel": {
         "swiglu": lambda c: c["SWIGLU"], "ragged K": lambda c: not c["EVEN_K"], "bias": lambda c: c["HAS_BIAS"],
+        **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a) for a in range(4)}},
+    "gemm._gemm_mn_tiles_kernel": {
+        "swiglu": lambda c: c["SWIGLU"], "ragged K": lambda c: not c["EVEN_K"], "bias": lambda c: c["HAS_BIAS"],
+        "256-wide tiles": lambda c: c["BLOCK_N"] == 256, "groups of several tiles": lambda c: c["GROUP"] > c["BLOCK_N"],
         **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a) for a in range(4)}},
     "gemm._gemm_k_kernel": {
         "GEMV plan's group list": lambda c: c["BLOCK_M"] == 1 and c["USE_LIST"] and not c["LOCAL_LIST"],

@@ -8,6 +8,10 @@ Kernels
   inside one group). A tile reads its x rows indirectly through the plan's permutation, so it only
   loads active rows; tiles past the group's count skip the K loop and only write zeros (the output
   rows they cover are the group's inactive tokens). Every output element is written exactly once.
+- ``_gemm_mn_tiles_kernel`` (large M, the default from M = 1024): the same tiles, but a persistent grid
+  (one program per SM) walks the list of *active* tiles, group after group (its token tiles innermost, so
+  programs running side by side share a weight tile), then the inactive tokens' zero tiles; the list is
+  derived in-kernel from the plan's counts (no launch, nothing read on the host).
 - ``_gemm_mn_direct_kernel`` (small M, GEMV/skinny GEMM): grid over N tiles x token tiles in natural
   order (x K splits); a tile whose groups no token executes skips reading the weights (the bytes win at M=1);
   otherwise it behaves like a dense skinny GEMM and zeroes masked outputs in the epilogue. With split-K the
@@ -45,6 +49,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def persistent_mn() -> bool:
+    """Whether prefill-sized gemm_mn / SwiGLU (M >= 1024, groups of 128 or more) take the persistent kernel;
+    ``WIDE_PERSISTENT_MN=0`` gives the one-program-per-tile kernel back (benchmark A/Bs)."""
+    return os.environ.get("WIDE_PERSISTENT_MN", "1") != "0"
+
+
 def skinny_swap() -> bool:
     """Whether the decode-sized defaults (M <= 16 gemm_mn / SwiGLU, M <= 32 gemm_k) take the transposed tile;
     ``WIDE_SKINNY_SWAP=0`` gives the row tiles back (benchmark A/Bs: benchmarks/gpu_session.sh ab)."""
@@ -69,6 +79,9 @@ class GemmConfig:
     # skinny tiles (direct gemm_mn, gemm_k; block_m > 1): compute the transposed tile, weights as the MMA's
     # M side (block_n rows) and the tokens as its N side, so that block_n >= 64 takes Hopper's wgmma
     swap: bool = False
+    # large-M gemm_mn / SwiGLU: > 0 = the persistent kernel over the active-tile list with this many programs
+    # per SM (``_gemm_mn_tiles_kernel``)
+    persistent: int = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,6 +198,92 @@ def _gemm_mn_perm_kernel(
     acc = _mn_epilogue(acc, acc2, b_ptr, rn, active[:, None], HAS_BIAS, ACT, SWIGLU)
     out_ptrs = out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _tile_of(t, ends, sizes, idx, G):
+    """Group of the ``t``-th tile of a list laid out group after group (``ends`` = running sums of the
+    per-group tile ``sizes``, one lane per group) and the tile's index inside its group."""
+    g = tl.sum((ends <= t).to(tl.int32) * (idx < G).to(tl.int32), axis=0)
+    start = tl.sum(tl.where(idx == g, ends - sizes, 0), axis=0)
+    return g, t - start
+
+
+@triton.jit
+def _gemm_mn_tiles_kernel(
+    x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, perm_ptr, cnt_ptr,
+    M, N, K, num_progs,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_w2n, stride_w2k, stride_om, stride_on,
+    GROUP: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SWIGLU: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Persistent large-M gemm_mn / SwiGLU: ``num_progs`` programs stride over the list of *active* tiles
+    (per group: its ceil(count / BLOCK_M) token tiles of the permuted list, times the N tiles of the group,
+    token tiles innermost so that programs running side by side share a weight tile), then over the tiles
+    of inactive tokens, which only get zeros. Against one program per tile (``_gemm_mn_perm_kernel``) it
+    leaves no program slot to tiles that only write zeros and keeps the weight tile of consecutive active tiles
+    in L2 (H200 sweep, benchmarks/prefill_gemm_sweep.py). (Tried there and not kept: weight tiles through TMA
+    descriptors, Triton's flattened and warp-specialized loops: equal or slower.)"""
+    pid = tl.program_id(0)
+    NPG: tl.constexpr = GROUP // BLOCK_N
+    num_m = tl.cdiv(M, BLOCK_M)
+    idx = tl.arange(0, BLOCK_G)
+    cnts = tl.load(cnt_ptr + idx, mask=idx < G, other=0)
+    act_m = tl.cdiv(cnts, BLOCK_M)  # active token tiles per group
+    act_sizes = act_m * NPG
+    act_ends = tl.cumsum(act_sizes, axis=0)
+    n_act = tl.sum(act_sizes, axis=0)
+    rk = tl.arange(0, BLOCK_K)
+    for t in range(pid, n_act, num_progs):
+        g, j = _tile_of(t, act_ends, act_sizes, idx, G)
+        am = tl.sum(tl.where(idx == g, act_m, 0), axis=0)
+        cnt = tl.sum(tl.where(idx == g, cnts, 0), axis=0)
+        pid_n = g * NPG + j // am
+        pid_m = j % am
+        n0 = pid_n * BLOCK_N
+        offs = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        active = offs < cnt
+        tok = tl.load(perm_ptr + g * M + offs, mask=offs < M, other=0).to(tl.int64)
+        rn = n0 + tl.arange(0, BLOCK_N)
+        x_ptrs = x_ptr + tok[:, None] * stride_xm + rk[None, :] * stride_xk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            k0 = k * BLOCK_K
+            if EVEN_K:
+                a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None], other=0.0)
+            else:
+                a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None] & (rk[None, :] < K - k0), other=0.0)
+            if EVEN_K:
+                b = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk)
+            else:
+                b = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk,
+                            mask=rk[:, None] < K - k0, other=0.0)
+            acc = tl.dot(a, b, acc)
+            if SWIGLU:
+                if EVEN_K:
+                    b2 = tl.load(w2_ptr + rn[None, :] * stride_w2n + (k0 + rk)[:, None] * stride_w2k)
+                else:
+                    b2 = tl.load(w2_ptr + rn[None, :] * stride_w2n + (k0 + rk)[:, None] * stride_w2k,
+                                 mask=rk[:, None] < K - k0, other=0.0)
+                acc2 = tl.dot(a, b2, acc2)
+        acc = _mn_epilogue(acc, acc2, b_ptr, rn, active[:, None], HAS_BIAS, ACT, SWIGLU)
+        tl.store(out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
+                 mask=(offs < M)[:, None])
+    # the tiles of inactive tokens (past each group's active tiles): zeros
+    zero_sizes = (num_m - act_m) * NPG
+    zero_ends = tl.cumsum(tl.where(idx < G, zero_sizes, 0), axis=0)
+    n_zero = tl.sum(tl.where(idx < G, zero_sizes, 0), axis=0)
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty)
+    for t in range(pid, n_zero, num_progs):
+        g, j = _tile_of(t, zero_ends, zero_sizes, idx, G)
+        am = tl.sum(tl.where(idx == g, act_m, 0), axis=0)
+        zm = num_m - am
+        rn = (g * NPG + j // zm) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs = (am + j % zm) * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok = tl.load(perm_ptr + g * M + offs, mask=offs < M, other=0).to(tl.int64)
+        tl.store(out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on, zeros, mask=(offs < M)[:, None])
 
 
 @triton.jit
@@ -594,7 +693,7 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple
     if interpreting():
         if M <= 16:
             return "direct", GemmConfig(1 if M == 1 else 16, 16, 16)
-        return "perm", GemmConfig(16, _pow2_divisor(group, 16), 16)
+        return "perm", GemmConfig(16, _pow2_divisor(group, 16), 16, persistent=int(persistent_mn()))
     if M == 1:
         # 2026-11-30 H200 sweep, 8B shapes, weights rotated over 8 copies (no L2 reuse): 4 x 512 tiles beat
         # 8 x 512 (q: 7.7 vs 8.2 us) and 16 x 256 (gate/up: 30.5 vs 32.1 us) at 50%, and at 100% too
@@ -620,6 +719,14 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool) -> tuple
         if swiglu and M <= 128:  # H200 run 2: 70 us at M=128 (dense 75 us)
             return "direct", GemmConfig(128, _pow2_divisor(N, 128), 64, num_warps=8, num_stages=4)
         return "perm", GemmConfig(64, _pow2_divisor(group, 128), 64, num_warps=4, num_stages=4)
+    if M >= DENSE_MIN_M and group % 128 == 0 and persistent_mn():
+        # the persistent kernel over the active tiles: 2026-12-01 H200 sweep (benchmarks/prefill_gemm_sweep.py),
+        # 50% random masks, us at M = 1024 / 4096 / 16384 against the one-program-per-tile kernel: gate/up 242 / 860
+        # / 3715 vs 276 / 984 / 3855 (cuBLAS with every group: 357 / 1478 / 5832); q (groups of 512: 256-wide
+        # tiles) 53 / 147 / 480 vs 105 / 177 / 537 (cuBLAS 49 / 177 / 837). All groups on, gate/up runs at
+        # 0.90-0.92 of cuBLAS's rate at 1024 / 4096 (0.81 at 16384)
+        bn = 128 if swiglu else _pow2_divisor(group, 256)
+        return "perm", GemmConfig(128, bn, 64, num_warps=8, num_stages=3, persistent=1)
     bm = 256 if M >= 4096 and not swiglu else 128  # run 2: 496 us vs 516 us at M=4096
     return "perm", GemmConfig(bm, _pow2_divisor(group, 128), 64, num_warps=8, num_stages=3)
 
@@ -711,6 +818,8 @@ def gemm_mn_perm(x, weight, weight2, bias, out, perm, counts, group: int, act: i
     if group % cfg.block_n:
         raise ValueError(f"block_n={cfg.block_n} must divide the group size {group}")
     w2 = weight2 if weight2 is not None else weight
+    if cfg.persistent:
+        return _gemm_mn_tiles(x, weight, w2, bias, out, perm, counts, group, act, swiglu, cfg)
     grid = (triton.cdiv(M, cfg.block_m) * (N // cfg.block_n),)
     _gemm_mn_perm_kernel[grid](
         x, weight, w2, bias if bias is not None else weight, out, perm, counts,
@@ -719,6 +828,31 @@ def gemm_mn_perm(x, weight, weight2, bias, out, perm, counts, group: int, act: i
         out.stride(0), out.stride(1),
         GROUP=group, HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def _programs(device: torch.device, per_sm: int) -> int:
+    if interpreting() or device.type != "cuda":
+        return 3  # the interpreter: a few programs, each striding over several tiles
+    return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
+
+
+def _gemm_mn_tiles(x, weight, w2, bias, out, perm, counts, group, act, swiglu, cfg):
+    M, K = x.shape
+    N = weight.shape[0]
+    G = N // group
+    tiles = triton.cdiv(M, cfg.block_m) * (N // cfg.block_n)
+    progs = min(tiles, _programs(x.device, cfg.persistent))
+    _gemm_mn_tiles_kernel[(progs,)](
+        x, weight, w2, bias if bias is not None else weight, out, perm, counts,
+        M, N, K, progs,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), w2.stride(0), w2.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=group, G=G, BLOCK_G=triton.next_power_of_2(G),
+        HAS_BIAS=bias is not None, ACT=act, SWIGLU=swiglu, EVEN_K=K % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -1,0 +1,87 @@
+"""Prefill-sized routed gemm_mn / SwiGLU configs (M = 4096 tokens by default) on Llama-3.1-8B layer shapes,
+against cuBLAS: the permuted-tile kernel (one program per tile) and the persistent one over the active-tile list
+(``GemmConfig.persistent``; weight tiles through TMA with ``tma``; ``flatten`` / ``warp_specialize`` are
+Triton's loop options).
+
+Masks: random at densities 0.5 and 1.0 (every group on: the kernel's rate on dense work). ``triton.testing.do_bench``
+medians (L2 flushed between calls). Prints per case the six fastest configs and the default (``None``), each
+with its time, its rate against cuBLAS at equal work (``cuBLAS us x density / us``) and its error against the
+torch reference; a config the shape or the GPU does not take prints its error.
+
+    PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py              # H200: ~3 min (most of it compiling)
+    PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py --m 16384 --ops gate_up
+"""
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import bench_eager, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
+from wide.kernels import get_backend, make_plan  # noqa: E402
+from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
+
+DT, DEV = torch.bfloat16, "cuda"
+SHAPES = {"q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128)}  # (op, N, K, group)
+
+
+def candidates(op: str, wide: bool) -> list:
+    P = lambda *a, **k: ("perm", C(*a, persistent=k.pop("persistent", 1), **k))  # noqa: E731
+    out = [None] + [P(128, 128, 64, 8, st, tma=tma) for st in (3, 4) for tma in (False, True)]
+    out += [P(128, 128, 64, 8, 3, tma=True, warp_specialize=True)]
+    if op == "gemm_mn":  # q's groups (4 heads of 128) take 256-wide tiles
+        out += [P(128, 256, 64, 8, st, tma=tma) for st in (3, 4) for tma in (False, True)]
+        out += [P(128, 256, 64, 8, 3, tma=True, warp_specialize=True), P(256, 128, 64, 8, 3),
+                P(64, 256, 64, 4, 3, persistent=2)]
+    if wide:  # the first sweep's other candidates (2026-12-01: flattened loops and one program per tile lost)
+        for bm, (bk, st), tma, flat in itertools.product((128, 256) if op == "gemm_mn" else (128,),
+                                                         ((64, 3), (64, 4), (128, 2)), (False, True), (True, False)):
+            out.append(P(bm, 128, bk, 8, st, tma=tma, flatten=flat))
+        out += [("perm", C(bm, 128, 64, 8, st)) for bm in (128, 256) for st in (3, 4)]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--m", type=int, nargs="+", default=[4096])
+    ap.add_argument("--ops", default="q_proj,gate_up")
+    ap.add_argument("--densities", type=float, nargs="+", default=[0.5, 1.0])
+    ap.add_argument("--wide", action="store_true", help="also the first sweep's flattened / non-persistent configs")
+    args = ap.parse_args()
+    tb, rb = get_backend("triton"), get_backend("torch")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16", flush=True)
+    for M, name in itertools.product(args.m, args.ops.split(",")):
+        op, N, K, group = SHAPES[name]
+        x = torch.randn(M, K, device=DEV, dtype=DT)
+        w = torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5
+        w2 = torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 if op == "swiglu" else None
+        if op == "swiglu":
+            wgu = torch.cat([w, w2])
+            dense_us = 1e3 * bench_eager(lambda: F.linear(x, wgu))
+        else:
+            dense_us = 1e3 * bench_eager(lambda: F.linear(x, w))
+        for d in args.densities:
+            gen = torch.Generator(device=DEV).manual_seed(7)
+            mask = torch.rand(M, N // group, generator=gen, device=DEV) < d
+            plan = make_plan(mask).materialize(flat=True)
+            ref = rb.swiglu(x, w, w2, mask) if op == "swiglu" else rb.gemm_mn(x, w, mask)
+            results = []
+            for cfg in candidates(op, args.wide):
+                def setup(cfg=cfg):
+                    if op == "swiglu":
+                        fn = lambda: tb.swiglu(x, w, w2, mask, plan=plan, config=cfg)  # noqa: E731
+                    else:
+                        fn = lambda: tb.gemm_mn(x, w, mask, plan=plan, config=cfg)  # noqa: E731
+                    return fn(), ref, lambda: 1e3 * bench_eager(fn)
+                time_candidate(results, cfg, setup)
+            print(f"\n{name} M={M} density {d}: cuBLAS (all groups) {dense_us:.1f} us", flush=True)
+            print_fastest(results, lambda us, c, err: f"  {us:8.1f} us  rate {dense_us * d / us:5.2f}  "
+                                                      f"err {err}  {c}", keep=8)
+
+
+if __name__ == "__main__":
+    main()
