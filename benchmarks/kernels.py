@@ -13,9 +13,10 @@ for the dense side. ``gather`` synchronizes with the host, so it is timed eagerl
 built once outside the timed region (a layer builds it once and its paired ops share it); its cost is
 reported in its own column.
 
-Routing rows (`router_margin`, `coherent_select`, decode sizes): the "dense" side is the torch
-reference (the eager ops a decode step would launch: RMS norm, two GEMVs, a comparison; or sigmoid,
-mean, lerp, sort, scatter), the routed side the one-launch Triton kernel, both in CUDA graphs;
+Routing rows (`router_margin`, `coherent_select`, decode sizes; `router_margin` also at a 4k prefill's
+rows): the "dense" side is the torch reference (the eager ops a decode step would launch: RMS norm, two
+GEMVs, a comparison; or sigmoid, mean, lerp, sort, scatter), the routed side the one-launch Triton kernel,
+both in CUDA graphs;
 "rel err" is the fraction of decisions that differ. `coherent_route` rows compare the one launch with the
 two Triton launches it replaces (`router_margin` margins, then `coherent_select`).
 """
@@ -456,7 +457,7 @@ def main_table(args) -> list[dict]:
                 continue
             jobs.append(("decode", S, B, 0.5))
     for op in ("router_margin", "coherent_select", "coherent_route"):
-        for B in (1, 16):
+        for B in (1, 16, 4096) if op == "router_margin" else (1, 16):  # 4096: a prefill's rows (row-tile kernel)
             for G in (8, 112):
                 jobs.append(("routing", op, B, G))
     sweep = [1.0, 0.9, 0.7, 0.5, 0.3, 0.1] if quick else [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1]

@@ -214,16 +214,18 @@ def test_cuda_graph_capture_decode_and_gemv():
     assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
 
 
-@pytest.mark.parametrize("rows", [1, 16, 64])
+@pytest.mark.parametrize("rows", [1, 16, 64, 1000, 4096])  # from 65 rows: the row-tile (prefill) kernel
 @pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16], ids=["fp32-router", "bf16-router"])
-def test_router_margin(rows, wdtype):
+@pytest.mark.parametrize("kind", ["lowrank", "linear"])
+def test_router_margin(rows, wdtype, kind):
     torch.manual_seed(rows)
     D, R, G = 4096, 32, 112
     x = (torch.randn(rows, D, device=DEV) * 4).to(torch.bfloat16)
-    down = (torch.randn(R, D, device=DEV) / D**0.5).to(wdtype)
-    up = (torch.randn(G, R, device=DEV) / R**0.5).to(wdtype)
+    down = (torch.randn(R if kind == "lowrank" else G, D, device=DEV) / D**0.5).to(wdtype)
+    up = (torch.randn(G, R, device=DEV) / R**0.5).to(wdtype) if kind == "lowrank" else None
     bias = (torch.randn(G, device=DEV) * 0.1).to(wdtype)
-    ref = wk.router_margin(x, down.float(), up.float(), bias.float(), decide=False, backend="torch")
+    ref = wk.router_margin(x, down.float(), None if up is None else up.float(), bias.float(), decide=False,
+                           backend="torch")
     got = wk.router_margin(x, down, up, bias, decide=False, backend="triton")
     torch.testing.assert_close(got, ref, rtol=2e-2 if wdtype == torch.bfloat16 else 1e-4, atol=1e-3)
     decided = wk.router_margin(x, down, up, bias, backend="triton")

@@ -270,9 +270,6 @@ class TritonBackend(KernelBackend):
         for t in (x, down, up, bias):
             if t is not None and t.dtype not in _DTYPES:
                 return False, f"dtype {t.dtype} not in fp16/bf16/fp32"
-        rows = x.numel() // max(1, x.shape[-1])
-        if rows > 64:  # up to 64 programs per row over the router's columns: for decode, not prefill
-            return False, f"{rows} rows: long inputs run faster as cuBLAS GEMMs (kernel covers <= 64)"
         if down.shape[0] > 128 and up is not None:
             return False, f"rank {down.shape[0]} > 128"
         if down.shape[0] > 1024:
@@ -293,6 +290,9 @@ class TritonBackend(KernelBackend):
 
     def verify_coherent_route(self, x, down, up, bias, ema, selection, step, **_):
         ok, why = self.verify_router_margin(x, down, up, bias)
+        rows = x.numel() // max(1, x.shape[-1])
+        if ok and rows > 64:  # the decode kernel: up to 64 programs per row over the router's columns
+            ok, why = False, f"{rows} rows: a decode batch of at most 64 rows"
         if ok:
             ok, why = _device_ok(x, ema, selection, step)
         g = up.shape[0] if up is not None else down.shape[0]
