@@ -123,18 +123,6 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
                   "BLOCK_B": 16 if bgc <= 128 else 8}
         job("router._router_margin_kernel",
             f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent}", sig, consts)
-# prefill rows (`_rows_launch`): low-rank (rank 32: one r chunk) and linear (G outputs in r chunks of 64) routers,
-# 16-bit MMAs and fp32 (IEEE) dots
-for xdtype, wdtype, has_up, decide, ieee in (("bf16", "bf16", True, True, False), ("bf16", "fp32", True, False, True),
-                                             ("fp16", "fp16", False, True, False), ("fp32", "fp32", False, False, True)):
-    sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
-           "out_ptr": "*u8" if decide else "*fp32", "M": "i32", "D": "i32", "R": "i32", "G": "i32", "sxm": "i32",
-           "sdr": "i32", "sug": "i32", "som": "i32", "eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr",
-           "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "IEEE": "constexpr", "BLOCK_M": "constexpr",
-           "BLOCK_D": "constexpr", "BLOCK_R": "constexpr", "BLOCK_G": "constexpr"}
-    consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "IEEE": ieee, "BLOCK_M": 32,
-              "BLOCK_D": 64 if ieee else 128, "BLOCK_R": 32 if has_up else 64, "BLOCK_G": 64}
-    job("router._router_rows_kernel", f"rows x {xdtype} w {wdtype} up={has_up} decide={decide}", sig, consts, 4, 3)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
            "n_ptr": "*i32", "B": "i32", "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32",
@@ -341,9 +329,6 @@ PATHS = {
                                      "coherent j-blocks": lambda c: c["COHERENT"] and c["BLOCK_J"] < c["BLOCK_GC"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
-    "router._router_rows_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
-                                   "16-bit MMA": lambda c: not c["IEEE"], "IEEE fp32": lambda c: c["IEEE"],
-                                   "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
     "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],
                                 "group list": lambda c: c["LIST"], "no list": lambda c: not c["LIST"],
                                 "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],

@@ -87,80 +87,9 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                                refresh_every, scale64, ADAPTIVE, LIST, BLOCK_GC, BLOCK_J, BLOCK_B, True)
 
 
-@triton.jit
-def _router_rows_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, M, D, R, G, sxm, sdr, sug, som, eps,
-                        NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr,
-                        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK_G: tl.constexpr):
-    # prefill: program (row tile, r chunk) computes x @ down^T for BLOCK_M rows as MMAs over D (x read once,
-    # the router's weights from L2), the rows' sums of squares beside it, then the scale, the second GEMM over
-    # the tile's rank (low-rank: one r chunk holds the whole rank) and the comparison. Linear routers (no ``up``)
-    # split their G outputs over r chunks.
-    pid_m = tl.program_id(0)
-    pid_r = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rowin = rows < M
-    r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    rin = r < R
-    acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        din = d < D
-        xv = tl.load(x_ptr + rows[:, None].to(tl.int64) * sxm + d[None, :], mask=rowin[:, None] & din[None, :],
-                     other=0.0)
-        w = tl.load(down_ptr + r[None, :] * sdr + d[:, None], mask=rin[None, :] & din[:, None], other=0.0)
-        xf = xv.to(tl.float32)
-        ss += tl.sum(xf * xf, axis=1)
-        if IEEE:
-            acc = tl.dot(xf, w.to(tl.float32), acc, input_precision="ieee")
-        else:  # the reference casts the (normalized) rows to the router's dtype
-            acc = tl.dot(xv.to(w.dtype), w, acc)
-    if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
-        acc = acc * tl.rsqrt(ss / D + eps)[:, None]
-    if HAS_UP:
-        for g0 in range(0, G, BLOCK_G):
-            g = g0 + tl.arange(0, BLOCK_G)
-            gin = g < G
-            u = tl.load(up_ptr + g[None, :] * sug + r[:, None], mask=gin[None, :] & rin[:, None], other=0.0)
-            m = tl.dot(acc, u.to(tl.float32), input_precision="ieee")
-            if HAS_BIAS:
-                m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)[None, :]
-            ok = rowin[:, None] & gin[None, :]
-            if DECIDE:
-                tl.store(out_ptr + rows[:, None].to(tl.int64) * som + g[None, :], (m >= 0).to(tl.uint8), mask=ok)
-            else:
-                tl.store(out_ptr + rows[:, None].to(tl.int64) * som + g[None, :], m, mask=ok)
-    else:  # the first stage's outputs are the groups (R == G)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + r, mask=rin, other=0.0).to(tl.float32)[None, :]
-        ok = rowin[:, None] & rin[None, :]
-        if DECIDE:
-            tl.store(out_ptr + rows[:, None].to(tl.int64) * som + r[None, :], (acc >= 0).to(tl.uint8), mask=ok)
-        else:
-            tl.store(out_ptr + rows[:, None].to(tl.int64) * som + r[None, :], acc, mask=ok)
-
-
-# rows from which router_margin runs the row-tile kernel (MMAs over row tiles) instead of spreading each row's
-# GEMV over programs (the decode kernel)
-ROWS_MIN_M = 65
-
-
-def _rows_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Tensor, decide: bool) -> None:
-    M, D = x.shape
-    R = down.shape[0]
-    G = dst.shape[1]
-    block_r = max(16, triton.next_power_of_2(R)) if up is not None else max(16, min(triton.next_power_of_2(R), 64))
-    block_m = 32 if M <= 4096 else 64
-    ieee = x.dtype == torch.float32 or down.dtype == torch.float32
-    block_d = 64 if ieee else 128
-    block_g = max(16, min(triton.next_power_of_2(G), 64))
-    grid = (triton.cdiv(M, block_m), triton.cdiv(R, block_r))
-    _router_rows_kernel[grid](
-        x, down, up if up is not None else down, bias if bias is not None else down, dst, M, D, R, G,
-        x.stride(0), down.stride(0), up.stride(0) if up is not None else 0, dst.stride(0), float(eps),
-        NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
-        IEEE=ieee, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4, num_stages=3)
+# rows up to which the router kernels run (decode batches: each row's first GEMV spread over up to 64 programs);
+# longer inputs (a prefill) take cuBLAS (triton_backend._router_margin_rows)
+KERNEL_MAX_ROWS = 64
 
 
 def _coherent_blocks(B: int, G: int) -> tuple[int, int, int]:
@@ -215,11 +144,9 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
     out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
     if M == 0 or G == 0:
         return out
-    dst = out.view(torch.uint8) if decide else out
-    if M >= ROWS_MIN_M:
-        _rows_launch(x, down, up, bias, normalize, eps, dst, decide)
-    else:
-        _margin_launch(x, down, up, bias, normalize, eps, dst, decide)
+    if M > 64:
+        raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
+    _margin_launch(x, down, up, bias, normalize, eps, out.view(torch.uint8) if decide else out, decide)
     return out
 
 
