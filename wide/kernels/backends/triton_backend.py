@@ -61,13 +61,39 @@ def _out_ok(out, shape, dtype) -> tuple[bool, str]:
     return True, ""
 
 
+_MM_FP32_OUT: dict = {}  # device type -> whether torch.mm takes out_dtype=float32 for 16-bit operands there
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b^T`` of 16-bit operands with fp32 accumulation *and* fp32 output (cuBLAS), else through fp32."""
+    kind = a.device.type
+    if _MM_FP32_OUT.get(kind, kind == "cuda"):
+        try:
+            out = torch.mm(a, b.t(), out_dtype=torch.float32)
+            _MM_FP32_OUT[kind] = True
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_FP32_OUT[kind] = False
+    return torch.mm(a.float(), b.float().t())
+
+
 def _router_margin_rows(x, down, up, bias, normalize: bool, eps: float, decide: bool) -> torch.Tensor:
-    """A prefill's rows: the router's first GEMM on cuBLAS over the raw rows, the RMS scale applied after it
-    (rms(x) @ W^T == (x @ W^T) / rms(x)) from one fp32 reduction over x, the small second GEMM in fp32. The
-    reference's route (an fp32 copy of x, the norm, a cast, two GEMMs) read and wrote x ~5 times: 150 us a call
-    at 4096 x 4096 on the H200, ~1/3 of a 4k prefill layer's routing overhead with two routers."""
+    """A prefill's rows: the router's first GEMM on cuBLAS over the raw 16-bit rows, the RMS scale applied after
+    it (rms(x) @ W^T == (x @ W^T) / rms(x)) from one fp32 reduction over x, the small second GEMM in fp32. fp32
+    router weights (how `apply_wide` keeps them) enter that GEMM as two 16-bit halves (hi + lo: ~16 mantissa bits;
+    the rows are exact in 16 bits), so the margins keep ~fp32 accuracy without an fp32 copy of x. The reference's
+    route (an fp32 copy of x, the norm, a cast, fp32 GEMMs) cost 150 us a call at 4096 x 4096 on the H200."""
     F = torch.nn.functional
-    h = F.linear(x if x.dtype == down.dtype else x.to(down.dtype), down).float()
+    R = down.shape[0]
+    if x.dtype in (torch.float16, torch.bfloat16):
+        if down.dtype == torch.float32:
+            hi = down.to(x.dtype)
+            h = _mm_fp32(x, torch.cat([hi, (down - hi.float()).to(x.dtype)]))
+            h = h[:, :R] + h[:, R:]
+        else:
+            h = _mm_fp32(x, down.to(x.dtype))
+    else:
+        h = F.linear(x, down.to(x.dtype)).float()
     if normalize:
         ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
         h = h * torch.rsqrt(ss.square() / x.shape[-1] + eps)
