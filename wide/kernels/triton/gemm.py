@@ -620,7 +620,8 @@ def _mask_epilogue_kernel(y_ptr, u_ptr, out_ptr, mask_ptr, M, N, stride_mm, stri
 # M at or below which gemm_mn uses the direct (GEMV / skinny) kernel instead of the permuted one
 DIRECT_MAX_M = 64
 # large-M gemm_mn / SwiGLU: above this fraction of executed (token, group) pairs, cuBLAS plus a masking
-# epilogue beats the permuted Triton kernel (which runs at ~2/3 of cuBLAS's rate on the H200)
+# epilogue beats the permuted Triton kernels (the per-tile one ran at ~2/3 of cuBLAS's rate on the H200, the
+# persistent one at 0.8-0.9: 2026-12-01 sweep; the threshold was set for the former and still holds for q)
 DENSE_DENSITY = 0.75
 DENSE_MIN_M = 1024
 

@@ -3,8 +3,10 @@
 Decode steps are launch-bound: the eager router (RMS norm, two small GEMMs, a comparison) costs ~6
 launches per layer and kind, the batch-coherent selection (sigmoid, batch mean, EMA, top-k, scatter,
 schedule) ~8. Each kernel here does the same work in one launch, so they pay where launches dominate:
-decode and short prefills. The margin kernel spreads each row's first GEMV over up to 64 programs (one
-program per row read the whole router on one SM: 19 us against 12 us for the six torch launches, H200).
+decode batches, up to ``KERNEL_MAX_ROWS`` rows (a prefill's rows go to cuBLAS:
+``triton_backend._router_margin_rows``). The margin kernel spreads each row's first GEMV over up to 64
+programs (one program per row read the whole router on one SM: 19 us against 12 us for the six torch
+launches, H200).
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, 
     out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
     if M == 0 or G == 0:
         return out
-    if M > 64:
+    if M > KERNEL_MAX_ROWS:
         raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
     _margin_launch(x, down, up, bias, normalize, eps, out.view(torch.uint8) if decide else out, decide)
     return out
@@ -157,7 +159,7 @@ def coherent_route(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None,
     """`router_margin` then `coherent_select` in one launch; see `wide.kernels.coherent_route`."""
     M, D = x.shape
     G = up.shape[0] if up is not None else down.shape[0]
-    if M > 64:
+    if M > KERNEL_MAX_ROWS:
         raise ValueError(f"coherent_route: the kernel takes up to 64 rows, got {M}")
     margin = torch.empty(M, G, device=x.device, dtype=torch.float32)
     if G:
