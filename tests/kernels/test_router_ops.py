@@ -117,6 +117,29 @@ def test_prefill_rows_take_the_cublas_route(rows, d, rank, groups, normalize, wi
     assert torch.equal(decided[clear], (ref >= 0)[clear]) and len(used) == 2
 
 
+@INTERPRET
+def test_prefill_router_weight_halves_are_cached_until_the_weights_change():
+    """fp32 router weights enter a prefill's GEMM as two bf16 halves, made once per weight tensor and made again
+    when the weights change in place."""
+    from wide.kernels.backends import triton_backend as tb
+
+    torch.manual_seed(5)
+    x = torch.randn(80, 32).to(torch.bfloat16)
+    down, up = torch.randn(4, 32) / 6, torch.randn(5, 4) / 2
+    first = kernels.router_margin(x, down, up, decide=False, backend="triton")
+    halves = tb._HALVES[id(down)][3]
+    assert halves.shape == (8, 32) and halves.dtype == torch.bfloat16
+    torch.testing.assert_close(halves[:4].float() + halves[4:].float(), down, rtol=2e-5, atol=1e-7)
+    assert torch.equal(kernels.router_margin(x, down, up, decide=False, backend="triton"), first)
+    assert tb._HALVES[id(down)][3] is halves
+    with torch.no_grad():
+        down.mul_(-2)
+    again = kernels.router_margin(x, down, up, decide=False, backend="triton")
+    assert tb._HALVES[id(down)][3] is not halves
+    torch.testing.assert_close(again, kernels.router_margin(x.float(), down, up, decide=False, backend="torch"),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_router_margin_rejects_bad_shapes():
     x = torch.randn(2, 16)
     with pytest.raises(ValueError, match="down"):

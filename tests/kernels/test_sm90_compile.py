@@ -123,6 +123,21 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
                   "BLOCK_B": 16 if bgc <= 128 else 8}
         job("router._router_margin_kernel",
             f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent}", sig, consts)
+# a prefill router's tail (`router_tail`, after the cuBLAS GEMM): low-rank with the hi / lo halves of fp32 weights
+# (rank 32, BLOCK_M 8) and rank 128 (BLOCK_M 4); linear routers (G = R outputs, up to 1024)
+for xdtype, has_up, split, decide, bm, br, bg in (("bf16", True, True, True, 8, 32, 16),
+                                                  ("fp16", True, False, False, 4, 128, 16),
+                                                  ("bf16", False, True, True, 4, 1024, 16),
+                                                  ("fp32", False, False, False, 8, 128, 16)):
+    sig = {"x_ptr": f"*{xdtype}", "h_ptr": "*fp32", "up_ptr": "*fp32", "bias_ptr": "*fp32",
+           "out_ptr": "*u8" if decide else "*fp32", "M": "i32", "D": "i32", "R": "i32", "G": "i32", "sxm": "i32",
+           "shm": "i32", "sug": "i32", "som": "i32", "eps": "fp32", "NORMALIZE": "constexpr", "SPLIT": "constexpr",
+           "HAS_UP": "constexpr", "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "BLOCK_M": "constexpr",
+           "BLOCK_D": "constexpr", "BLOCK_R": "constexpr", "BLOCK_G": "constexpr"}
+    consts = {"NORMALIZE": True, "SPLIT": split, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "BLOCK_M": bm,
+              "BLOCK_D": 4096 // bm, "BLOCK_R": br, "BLOCK_G": bg}
+    job("router._router_tail_kernel", f"tail x {xdtype} up={has_up} split={split} decide={decide} R<={br}", sig,
+        consts)
 for mdtype in ("bf16", "fp32"):
     sig = {"m_ptr": f"*{mdtype}", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
            "n_ptr": "*i32", "B": "i32", "G": "i32", "smb": "i32", "weight": "fp32", "keep": "i32",
@@ -329,6 +344,9 @@ PATHS = {
                                      "coherent j-blocks": lambda c: c["COHERENT"] and c["BLOCK_J"] < c["BLOCK_GC"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
                                      "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
+    "router._router_tail_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
+                                   "hi / lo halves": lambda c: c["SPLIT"], "one h": lambda c: not c["SPLIT"],
+                                   "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
     "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],
                                 "group list": lambda c: c["LIST"], "no list": lambda c: not c["LIST"],
                                 "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],

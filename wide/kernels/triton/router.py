@@ -90,8 +90,82 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
 
 
 # rows up to which the router kernels run (decode batches: each row's first GEMV spread over up to 64 programs);
-# longer inputs (a prefill) take cuBLAS (triton_backend._router_margin_rows)
+# longer inputs (a prefill) take cuBLAS for the first GEMM and `router_tail` for the rest
+# (triton_backend._router_margin_rows)
 KERNEL_MAX_ROWS = 64
+
+
+@triton.jit
+def _router_tail_kernel(x_ptr, h_ptr, up_ptr, bias_ptr, out_ptr, M, D, R, G, sxm, shm, sug, som, eps,
+                        NORMALIZE: tl.constexpr, SPLIT: tl.constexpr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        DECIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_G: tl.constexpr):
+    # a prefill router's work after its first GEMM (``h = x @ down^T``, fp32, from cuBLAS; SPLIT: the hi and lo
+    # halves of fp32 weights side by side, [M, 2R]), BLOCK_M rows a program: the rows' RMS scale from one pass over
+    # x, the scaled h, the second GEMM over the rank in fp32 (or the bias alone: a linear router), the comparison
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rowin = rows < M
+    rows64 = rows.to(tl.int64)
+    r = tl.arange(0, BLOCK_R)
+    rin = r < R
+    hmask = rowin[:, None] & rin[None, :]
+    h = tl.load(h_ptr + rows64[:, None] * shm + r[None, :], mask=hmask, other=0.0)
+    if SPLIT:
+        h += tl.load(h_ptr + rows64[:, None] * shm + R + r[None, :], mask=hmask, other=0.0)
+    if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            xv = tl.load(x_ptr + rows64[:, None] * sxm + d[None, :], mask=rowin[:, None] & (d < D)[None, :],
+                         other=0.0).to(tl.float32)
+            ss += tl.sum(xv * xv, axis=1)
+        h = h * tl.rsqrt(ss / D + eps)[:, None]
+    if HAS_UP:
+        for g0 in range(0, G, BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            gin = g < G
+            u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+            m = tl.sum(h[:, None, :] * u.to(tl.float32)[None, :, :], axis=2)
+            if HAS_BIAS:
+                m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)[None, :]
+            ok = rowin[:, None] & gin[None, :]
+            if DECIDE:
+                tl.store(out_ptr + rows64[:, None] * som + g[None, :], (m >= 0).to(tl.uint8), mask=ok)
+            else:
+                tl.store(out_ptr + rows64[:, None] * som + g[None, :], m, mask=ok)
+    else:  # the first GEMM's outputs are the groups (R == G)
+        if HAS_BIAS:
+            h += tl.load(bias_ptr + r, mask=rin, other=0.0).to(tl.float32)[None, :]
+        if DECIDE:
+            tl.store(out_ptr + rows64[:, None] * som + r[None, :], (h >= 0).to(tl.uint8), mask=hmask)
+        else:
+            tl.store(out_ptr + rows64[:, None] * som + r[None, :], h, mask=hmask)
+
+
+def router_tail(x: torch.Tensor, h: torch.Tensor, split: bool, up: torch.Tensor | None, bias: torch.Tensor | None,
+                normalize: bool, eps: float, decide: bool) -> torch.Tensor:
+    """``x [M, D]`` and its first-GEMM output ``h`` (fp32 ``[M, R]``, or ``[M, 2R]`` hi / lo halves when ``split``)
+    -> bool decisions or fp32 margins ``[M, G]``, as `router_margin` (one launch)."""
+    M, D = x.shape
+    R = h.shape[1] // 2 if split else h.shape[1]
+    G = up.shape[0] if up is not None else R
+    out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
+    if M == 0 or G == 0:
+        return out
+    block_r = max(16, triton.next_power_of_2(R))
+    if up is not None:
+        block_m = 8 if block_r <= 32 else 4
+        block_g = max(16, min(triton.next_power_of_2(G), 4096 // (block_m * block_r)))
+    else:
+        block_m = max(1, min(8, 4096 // block_r))
+        block_g = 16
+    block_d = max(16, min(triton.next_power_of_2(D), 4096 // block_m))
+    _router_tail_kernel[(triton.cdiv(M, block_m),)](
+        x, h, up if up is not None else h, bias if bias is not None else h, out.view(torch.uint8) if decide else out,
+        M, D, R, G, x.stride(0), h.stride(0), up.stride(0) if up is not None else 0, G, float(eps),
+        NORMALIZE=bool(normalize), SPLIT=bool(split), HAS_UP=up is not None, HAS_BIAS=bias is not None,
+        DECIDE=bool(decide), BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g, num_warps=4)
+    return out
 
 
 def _coherent_blocks(B: int, G: int) -> tuple[int, int, int]:
