@@ -10,6 +10,7 @@ op family is what a CUDA graph replays, the host gap is what it removes.
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 1
     python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --decode 16 --coherent
+    python benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 --fuse-glue --router lowrank
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
     ap.add_argument("--fuse-glue", action="store_true", help="both sides with wide.fuse_glue (compiled norms / RoPE)")
+    ap.add_argument("--router", choices=["random", "lowrank"], default="random",
+                    help="as `wide bench --router` (lowrank: calibrated untrained low-rank routers)")
     add_group_args(ap)
     args = ap.parse_args()
 
@@ -124,15 +127,20 @@ def main() -> None:
                 state["cache"].crop(-1)
 
     results = {"dense": profile(fn, args.iters)}
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random", ffn_group_size=args.ffn_group_size,
-                                           attn_group_size=args.attn_group_size))
+    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router=args.router,
+                                           ffn_group_size=args.ffn_group_size, attn_group_size=args.attn_group_size))
     model.eval()
     enable_kernels(model)
     if args.fuse_glue:
         fuse_glue(model)
-    for wl in wide.modeling.runtime_of(model).layers:
-        for r in wl.routers.values():
-            r.rate = args.sparsity
+    if args.router == "random":
+        for wl in wide.modeling.runtime_of(model).layers:
+            for r in wl.routers.values():
+                r.rate = args.sparsity
+    else:
+        from wide.bench import calibrate_routers
+
+        calibrate_routers(model, args.sparsity)
     if args.coherent:
         wide.set_coherent_decode(model, 1)
     state.clear()
