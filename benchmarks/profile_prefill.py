@@ -133,14 +133,9 @@ def main() -> None:
     enable_kernels(model)
     if args.fuse_glue:
         fuse_glue(model)
-    if args.router == "random":
-        for wl in wide.modeling.runtime_of(model).layers:
-            for r in wl.routers.values():
-                r.rate = args.sparsity
-    else:
-        from wide.bench import calibrate_routers
+    from wide.bench import set_synthetic_rate
 
-        calibrate_routers(model, args.sparsity)
+    set_synthetic_rate(model, args.router, args.sparsity)
     if args.coherent:
         wide.set_coherent_decode(model, 1)
     state.clear()

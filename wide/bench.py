@@ -376,15 +376,11 @@ def run(args) -> list[dict]:
         fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
-    routers = [r for wl in wide.modeling.runtime_of(model).layers for r in wl.routers.values()]
     variants = [("per-token", None, 1.0)] + ([(_coherent_name(s), args.coherent_refresh, s)
                                               for s in args.coherent_keep_scale] if args.coherent else [])
     for s in sparsities:
-        if not args.checkpoint and args.router == "random":
-            for r in routers:
-                r.rate = s
-        elif not args.checkpoint:
-            calibrate_routers(model, s, tokens=min(512, max(args.prefill, default=512)))
+        if not args.checkpoint:
+            set_synthetic_rate(model, args.router, s, tokens=min(512, max(args.prefill, default=512)))
         for t in args.prefill:
             for graph in prefill_modes:
                 ms, rmode = time_prefill(t, graph)
@@ -406,6 +402,19 @@ def run(args) -> list[dict]:
                 del runner
         wide.modeling.inference.set_coherent_decode(model, None)
     return rows
+
+
+def set_synthetic_rate(model, router: str, sparsity: float, tokens: int = 512) -> None:
+    """Make the bench's synthetic routers skip ``sparsity``: ``random`` routers take it as their rate, untrained
+    linear / low-rank ones get their execute biases calibrated to it (`calibrate_routers`)."""
+    import wide
+
+    if router == "random":
+        for wl in wide.modeling.runtime_of(model).layers:
+            for r in wl.routers.values():
+                r.rate = sparsity
+    else:
+        calibrate_routers(model, sparsity, tokens=tokens)
 
 
 @torch.no_grad()

@@ -210,6 +210,15 @@ def _tile_of(t, ends, sizes, idx, G):
 
 
 @triton.jit
+def _weight_tile(w_ptr, rn, kk, stride_n, stride_k, K, EVEN_K: tl.constexpr):
+    """The ``[len(kk), len(rn)]`` tile of an ``[N, K]`` weight (columns past K read as zeros)."""
+    ptrs = w_ptr + rn[None, :] * stride_n + kk[:, None] * stride_k
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=kk[:, None] < K, other=0.0)
+
+
+@triton.jit
 def _gemm_mn_tiles_kernel(
     x_ptr, w_ptr, w2_ptr, b_ptr, out_ptr, perm_ptr, cnt_ptr,
     M, N, K, num_progs,
@@ -255,19 +264,9 @@ def _gemm_mn_tiles_kernel(
                 a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None], other=0.0)
             else:
                 a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None] & (rk[None, :] < K - k0), other=0.0)
-            if EVEN_K:
-                b = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk)
-            else:
-                b = tl.load(w_ptr + rn[None, :] * stride_wn + (k0 + rk)[:, None] * stride_wk,
-                            mask=rk[:, None] < K - k0, other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, _weight_tile(w_ptr, rn, k0 + rk, stride_wn, stride_wk, K, EVEN_K), acc)
             if SWIGLU:
-                if EVEN_K:
-                    b2 = tl.load(w2_ptr + rn[None, :] * stride_w2n + (k0 + rk)[:, None] * stride_w2k)
-                else:
-                    b2 = tl.load(w2_ptr + rn[None, :] * stride_w2n + (k0 + rk)[:, None] * stride_w2k,
-                                 mask=rk[:, None] < K - k0, other=0.0)
-                acc2 = tl.dot(a, b2, acc2)
+                acc2 = tl.dot(a, _weight_tile(w2_ptr, rn, k0 + rk, stride_w2n, stride_w2k, K, EVEN_K), acc2)
         acc = _mn_epilogue(acc, acc2, b_ptr, rn, active[:, None], HAS_BIAS, ACT, SWIGLU)
         tl.store(out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
                  mask=(offs < M)[:, None])
