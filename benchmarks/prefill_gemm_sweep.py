@@ -1,7 +1,7 @@
 """Prefill-sized routed gemm_mn / SwiGLU configs (M = 4096 tokens by default) on Llama-3.1-8B layer shapes,
 against cuBLAS: the permuted-tile kernel (one program per tile) and the persistent one over the active-tile list
-(``GemmConfig.persistent``; weight tiles through TMA with ``tma``; ``flatten`` / ``warp_specialize`` are
-Triton's loop options).
+(``GemmConfig.persistent``). TMA weight descriptors, Triton's flattened loops and warp specialization were
+swept on 2026-12-01 and lost (BENCHMARKS.md); the kernel no longer takes them.
 
 Masks: random at densities 0.5 and 1.0 (every group on: the kernel's rate on dense work). ``triton.testing.do_bench``
 medians (L2 flushed between calls). Prints per case the six fastest configs and the default (``None``), each
@@ -31,17 +31,13 @@ SHAPES = {"q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4
 
 def candidates(op: str, wide: bool) -> list:
     P = lambda *a, **k: ("perm", C(*a, persistent=k.pop("persistent", 1), **k))  # noqa: E731
-    out = [None] + [P(128, 128, 64, 8, st, tma=tma) for st in (3, 4) for tma in (False, True)]
-    out += [P(128, 128, 64, 8, 3, tma=True, warp_specialize=True)]
+    out = [None] + [P(128, 128, 64, 8, st) for st in (3, 4)]
     if op == "gemm_mn":  # q's groups (4 heads of 128) take 256-wide tiles
-        out += [P(128, 256, 64, 8, st, tma=tma) for st in (3, 4) for tma in (False, True)]
-        out += [P(128, 256, 64, 8, 3, tma=True, warp_specialize=True), P(256, 128, 64, 8, 3),
-                P(64, 256, 64, 4, 3, persistent=2)]
-    if wide:  # the first sweep's other candidates (2026-12-01: flattened loops and one program per tile lost)
-        for bm, (bk, st), tma, flat in itertools.product((128, 256) if op == "gemm_mn" else (128,),
-                                                         ((64, 3), (64, 4), (128, 2)), (False, True), (True, False)):
-            out.append(P(bm, 128, bk, 8, st, tma=tma, flatten=flat))
+        out += [P(128, 256, 64, 8, st) for st in (3, 4)]
+        out += [P(256, 128, 64, 8, 3), P(64, 256, 64, 4, 3, persistent=2)]
+    if wide:  # one program per tile (the kernel before the persistent one), and other tile depths
         out += [("perm", C(bm, 128, 64, 8, st)) for bm in (128, 256) for st in (3, 4)]
+        out += [P(128, 128, bk, 8, st) for bk, st in ((32, 4), (128, 2))]
     return out
 
 
@@ -50,7 +46,7 @@ def main():
     ap.add_argument("--m", type=int, nargs="+", default=[4096])
     ap.add_argument("--ops", default="q_proj,gate_up")
     ap.add_argument("--densities", type=float, nargs="+", default=[0.5, 1.0])
-    ap.add_argument("--wide", action="store_true", help="also the first sweep's flattened / non-persistent configs")
+    ap.add_argument("--wide", action="store_true", help="also one program per tile and other tile depths")
     args = ap.parse_args()
     tb, rb = get_backend("triton"), get_backend("torch")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16", flush=True)
