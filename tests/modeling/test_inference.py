@@ -399,3 +399,42 @@ def test_decode_attention_gets_the_routers_density_hint(monkeypatch):
     enable_kernels(model, "torch")
     wide.generate(model, torch.randint(3, 96, (2, 5), generator=torch.Generator().manual_seed(0)), max_new_tokens=3)
     assert seen and all(d == pytest.approx(0.75) for d in seen)
+
+
+@pytest.mark.parametrize("granularity", ["width", "layer"])
+def test_o_proj_skips_its_masking_pass_only_after_the_routed_attention(monkeypatch, granularity):
+    """o_proj's input is the routed attention's output, zero in every skipped head: it promises so to `gemm_k`
+    (``x_masked``), and the promise holds; a call that did not follow this layer's attention does not promise."""
+    from wide import kernels
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, granularity=granularity, attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    enable_kernels(model, "torch")
+    calls = []
+    real = kernels.gemm_k
+
+    def spy(x, weight, mask, **kw):
+        if weight.shape[0] == model.config.hidden_size and x.shape[-1] == weight.shape[1] == \
+                model.config.num_attention_heads * model.config.head_dim:
+            group = x.shape[-1] // mask.shape[-1]
+            skipped = ~mask.bool().repeat_interleave(group, dim=-1)
+            calls.append((kw.get("x_masked"), bool((x[skipped] == 0).all()), bool(skipped.any())))
+        return real(x, weight, mask, **kw)
+
+    monkeypatch.setattr(kernels, "gemm_k", spy)
+    ids = torch.randint(3, 96, (2, 9))
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    assert calls and all(promised and zero for promised, zero, _ in calls)
+    assert any(some for *_, some in calls)  # something was skipped, so the check above checked something
+    # the flag is read once: o_proj called again outside the attention does not promise
+    layer0 = model.model.layers[0]
+    o = layer0.self_attn.o_proj
+    calls.clear()
+    x = torch.randn(2, 9, o.in_features)
+    with torch.no_grad():
+        wl = o.wide_layer
+        wl.route_attention(torch.randn(2, 9, model.config.hidden_size))
+        o(x)
+    assert calls and calls[0][0] is False

@@ -95,10 +95,13 @@ def _make(base: str):
         layer = getattr(module, "_wide_layer", None)
         if layer is not None and layer.routes_heads and layer.use_kernels() and _kernel_ok(
                 module, layer, query, attention_mask, kwargs):
-            return _kernel_attention(layer, query, key, value, kwargs.get("scaling"), attention_mask), None
+            out = _kernel_attention(layer, query, key, value, kwargs.get("scaling"), attention_mask)
+            layer.mark_heads_zeroed()
+            return out, None
         out, weights = _base_function(module, base)(module, query, key, value, attention_mask, **kwargs)
         if layer is not None and layer.routes_heads:
             out = mask_heads(out, layer.head_mask)
+            layer.mark_heads_zeroed()
         return out, weights
 
     routed_attention.__name__ = f"{PREFIX}{base}"

@@ -75,8 +75,12 @@ class RoutedLinear(_LinearView):
             for lin in self.early:
                 lin.run_early(x)
         mask, plan = wl.kernel_mask(self.kind)
-        op = kernels.gemm_mn if self.mode == "mn" else kernels.gemm_k
-        return op(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend)
+        if self.mode == "mn":
+            return kernels.gemm_mn(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend)
+        # o_proj after this layer's routed attention: its input is already zero in the skipped heads, so the
+        # GEMM needs no masking pass (a launch and a read + write of x per prefill layer)
+        zeroed = self.kind == "attn" and wl.take_heads_zeroed()
+        return kernels.gemm_k(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend, x_masked=zeroed)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind}, mode={self.mode}"

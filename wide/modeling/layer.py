@@ -38,6 +38,7 @@ class WideLayer(nn.Module):
         self.routed_weights: dict[str, int] = {}  # weight elements each kind's routing covers (set by apply_wide)
         self.early_kv = False  # enable_kernels: the routed q projection can run K/V first (`EarlyLinear`)
         self._pending: Optional[torch.cuda.Stream] = None  # the side stream still deciding this step's mask
+        self._heads_zeroed = False  # this forward's attention output is zero in every skipped head (see take_...)
 
     def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
         if kind in self.forced:
@@ -141,6 +142,19 @@ class WideLayer(nn.Module):
             self._head_mask = mask if per_group == 1 else mask.repeat_interleave(per_group, dim=-1)
         return self._head_mask
 
+    def mark_heads_zeroed(self) -> None:
+        """The routed attention (`wide.modeling.attention`) returns an output that is exactly zero in every
+        (token, head group) this forward's mask skips: the fused kernel writes those zeros, the reference path
+        multiplies by the mask."""
+        self._heads_zeroed = True
+
+    def take_heads_zeroed(self) -> bool:
+        """Whether the attention output reaching ``o_proj`` is already zero where its mask skips (then the
+        reduction-width GEMM skips its masking pass: ``gemm_k(x_masked=True)``); reading it clears it, so only
+        the output of this layer's own attention call counts."""
+        zeroed, self._heads_zeroed = self._heads_zeroed, False
+        return zeroed
+
     def _set_heads(self, mask: Optional[torch.Tensor], per_group: int = 1) -> None:
         self._head_src = None if mask is None else (mask, per_group)
         self._head_mask = None
@@ -149,6 +163,7 @@ class WideLayer(nn.Module):
         """Called with the pre-attention-norm residual ``[B, T, D]``."""
         self.join_routing()
         self._set_heads(None)
+        self._heads_zeroed = False
         self.ffn_mask = None
         self.group_mask = {}
         self._kernel_masks = {}
@@ -195,6 +210,7 @@ class WideLayer(nn.Module):
         self.join_routing()
         self.group_mask, self.ffn_mask = {}, None
         self._set_heads(None)
+        self._heads_zeroed = False
         self._kernel_masks = {}
 
 
