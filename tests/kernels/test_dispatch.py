@@ -103,3 +103,38 @@ def test_import_without_triton():
         "assert 'wide.kernels.triton.gemm' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _FakeCuda:
+    """Stands for a CUDA tensor in the device check (no CUDA here): only what the fast path reads."""
+
+    is_cuda = True
+
+    def __init__(self, index):
+        self.index = index
+        self.device = torch.device("cuda", index)
+
+    def get_device(self):
+        return self.index
+
+
+def test_device_check_fast_path_agrees_with_the_general_one():
+    from wide.kernels.backends.triton_backend import _device_ok
+
+    assert _device_ok(_FakeCuda(0), None, _FakeCuda(0)) == (True, "")
+    ok, why = _device_ok(_FakeCuda(0), _FakeCuda(1))
+    assert not ok and "several devices" in why
+    ok, why = _device_ok(_FakeCuda(0), torch.zeros(1))
+    assert not ok and "several devices" in why
+    ok, why = _device_ok(torch.zeros(1, device="meta"))
+    assert not ok and "meta" in why
+
+
+def test_triton_availability_follows_the_interpreter_switch(monkeypatch):
+    from wide.kernels.backends.triton_backend import TritonBackend
+
+    monkeypatch.setattr(TritonBackend, "_found", False)  # as on a machine without CUDA
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert TritonBackend.is_available()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not TritonBackend.is_available()
