@@ -4,7 +4,7 @@ import torch
 from wide.kernels import RoutingPlan, make_plan
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 7, 3), (3, 33, 5), (40, 4)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 9, 4), (2, 7, 3), (3, 33, 5), (40, 4)], ids=str)
 @pytest.mark.parametrize("density", [0.0, 0.4, 1.0])
 def test_token_order_is_a_stable_partition(shape, density):
     gen = torch.Generator().manual_seed(0)
@@ -20,6 +20,14 @@ def test_token_order_is_a_stable_partition(shape, density):
                 inactive = torch.nonzero(~m[r, :, g]).view(-1)
                 assert counts[r, g] == active.numel()
                 assert torch.equal(perm[r, g].long(), torch.cat([active, inactive]))
+
+
+def test_one_row_builds_one_order_for_both_uses():
+    mask = torch.rand(1, 9, 4, generator=torch.Generator().manual_seed(1)) < 0.5
+    plan = make_plan(mask)
+    assert plan.token_order(False)[0] is plan.token_order(True)[0]  # q (flat) and attention (rows): one launch
+    two = make_plan(torch.cat([mask, ~mask]))
+    assert two.token_order(False)[0].shape == (2, 4, 9) and two.token_order(True)[0].shape == (1, 4, 18)
 
 
 def test_group_list_and_cache():

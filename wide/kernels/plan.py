@@ -77,7 +77,8 @@ class RoutingPlan:
                 ascending, the rest inactive, ascending. ``R = 1, T' = M`` when flat, else ``R = B``.
             counts: ``[R, G]`` int32.
         """
-        key = "flat" if flat else "rows"
+        # one batch row: both orders are the same partition of [1, T, G] (one launch for q and attention)
+        key = "flat" if flat or (self.mask.dim() == 3 and self.mask.shape[0] == 1) else "rows"
         if key not in self._cache:
             m = self.mask.reshape(1, -1, self.n_groups) if flat else self.mask
             if m.dim() != 3:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gemm import arrival_counters, interpreting
+from .gemm import arrival_counters, interpreting, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -290,7 +290,7 @@ def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
 
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return sm_count(device)
     return 4
 
 

@@ -833,10 +833,22 @@ def gemm_mn_perm(x, weight, weight2, bias, out, perm, counts, group: int, act: i
     return out
 
 
+_SMS: dict = {}  # CUDA device index -> SM count (asked per persistent launch; the properties call is not free)
+
+
+def sm_count(device: torch.device) -> int:
+    """SM count of a CUDA device (cached: decode launches ask per call)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _SMS.get(idx)
+    if sms is None:
+        sms = _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return sms
+
+
 def _programs(device: torch.device, per_sm: int) -> int:
     if interpreting() or device.type != "cuda":
         return 3  # the interpreter: a few programs, each striding over several tiles
-    return torch.cuda.get_device_properties(device).multi_processor_count * per_sm
+    return sm_count(device) * per_sm
 
 
 def _gemm_mn_tiles(x, weight, w2, bias, out, perm, counts, group, act, swiglu, cfg):
