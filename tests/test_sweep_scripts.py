@@ -41,3 +41,27 @@ def test_gemv_sweep_candidates(monkeypatch):
     for table in (mod.CANDIDATES, mod.CANDIDATES_16):
         assert set(table) == {"gemm_k", "gemm_mn", "swiglu"}
         assert all(len(v) > 1 and v[0] is None for v in table.values())
+
+
+def test_profile_host_timers_count_only_while_on(monkeypatch):
+    ph = _load("profile_host", monkeypatch)
+    timers = ph.Timers()
+
+    class Owner:
+        @staticmethod
+        def layer():
+            Owner.inner()
+
+        @staticmethod
+        def inner():
+            return 1
+
+    timers.patch(Owner, "layer", "A layer")
+    timers.patch(Owner, "inner", "B inner")
+    Owner.layer()  # off: not counted
+    timers.on = True
+    Owner.layer()
+    Owner.layer()
+    assert timers.calls == {"A layer": 2, "B inner": 2}
+    rows = timers.table("A layer")
+    assert len(rows) == 2 and "1.00 calls/layer  B inner" in rows[1]
