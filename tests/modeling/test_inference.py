@@ -401,7 +401,7 @@ def test_decode_attention_gets_the_routers_density_hint(monkeypatch):
     assert seen and all(d == pytest.approx(0.75) for d in seen)
 
 
-@pytest.mark.parametrize("granularity", ["width", "layer"])
+@pytest.mark.parametrize("granularity", ["width", "sublayer", "layer"])
 def test_o_proj_skips_its_masking_pass_only_after_the_routed_attention(monkeypatch, granularity):
     """o_proj's input is the routed attention's output, zero in every skipped head: it promises so to `gemm_k`
     (``x_masked``), and the promise holds; a call that did not follow this layer's attention does not promise."""
