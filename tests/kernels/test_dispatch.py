@@ -134,6 +134,7 @@ def test_triton_availability_follows_the_interpreter_switch(monkeypatch):
     from wide.kernels.backends.triton_backend import TritonBackend
 
     monkeypatch.setattr(TritonBackend, "_found", False)  # as on a machine without CUDA
+    monkeypatch.setattr(TritonBackend, "_importable", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert TritonBackend.is_available()
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -153,14 +153,16 @@ class TritonBackend(KernelBackend):
 
     name = "triton"
 
-    _found: bool | None = None  # Triton importable and a CUDA device present: fixed for the process
+    _importable: bool | None = None  # fixed for the process, like the CUDA probe below
+    _found: bool | None = None  # importable and a CUDA device present
 
     @classmethod
     def is_available(cls) -> bool:
         # asked once per routed call: the import search and the CUDA probe once, the interpreter switch each time
         if cls._found is None:
-            cls._found = importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
-        return cls._found or (_interpreting() and importlib.util.find_spec("triton") is not None)
+            cls._importable = importlib.util.find_spec("triton") is not None
+            cls._found = cls._importable and torch.cuda.is_available()
+        return cls._found or (cls._importable and _interpreting())
 
     # ---- verifiers ----------------------------------------------------------------------------
 
