@@ -153,10 +153,12 @@ def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
     v = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)
     mask = _mask((B, T, HQ // gsize), 0.5, T)
     lengths = torch.tensor([S, S - 37], device=DEV)
-    for lens in (None, lengths):
-        ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, lengths=lens)
+    offsets = torch.tensor([S - T, max(0, S - T - 37)], device=DEV, dtype=torch.int32)
+    chunk = (offsets + T).clamp(max=S)  # a prompt chunk over a static cache: keys past the chunk hidden
+    for lens, offs in ((None, None), (lengths, None), (chunk, offsets)):
+        ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, lengths=lens, q_offset=offs)
         out = poisoned(q.shape, dtype, DEV)
-        wk.attention_prefill(q, k, v, mask, lengths=lens, out=out)
+        wk.attention_prefill(q, k, v, mask, lengths=lens, q_offset=offs, out=out)
         check(out, ref, dtype, ~expand_groups(mask, gsize), "prefill")
 
 

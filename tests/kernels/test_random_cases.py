@@ -180,23 +180,28 @@ def test_attention_prefill(seed):
     q = torch.randn(B, T, HQ, D, generator=gen).to(dtype)
     k, v = _kv(B, S, HK, D, dtype, gen, strided=rng.random() < 0.6)
     mask = random_mask((B, T, HQ // gsize), _density(rng), gen)
-    lengths = None
+    lengths = q_offset = None
     if rng.random() < 0.3:
         lengths = torch.tensor([rng.randint(1, S) for _ in range(B)], dtype=torch.int32)
+    if causal and rng.random() < 0.3:  # a prompt chunk over a longer cache: its queries start at a row's offset
+        q_offset = torch.tensor([rng.randint(0, S - T) for _ in range(B)], dtype=rng.choice([torch.int32, torch.int64]))
+        if rng.random() < 0.7:
+            lengths = (q_offset + T).to(torch.int32)  # the cache holds the chunk's keys and nothing later
     config = None
     if rng.random() < 0.5:
         hu_p = 1 << (min(gsize, HQ // HK) - 1).bit_length()  # heads per unit, padded to a power of two
         config = AttentionConfig(block_m=max(16, hu_p) * rng.choice([1, 2]), block_n=rng.choice([16, 32]))
     ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, causal=causal,
-                                                 lengths=lengths)
+                                                 lengths=lengths, q_offset=q_offset)
     zeros = ~expand_groups(mask, gsize)
     plan = make_plan(mask)
     out = poisoned(q.shape, dtype, q.device)
-    get_backend("triton").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, plan=plan, out=out,
-                                            config=config)
+    get_backend("triton").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, q_offset=q_offset, plan=plan,
+                                            out=out, config=config)
     check(out, ref, dtype, zeros, "triton")
     out = poisoned(q.shape, dtype, q.device)
-    get_backend("gather").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, plan=plan, out=out)
+    get_backend("gather").attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, q_offset=q_offset,
+                                            plan=plan, out=out)
     check(out, ref, dtype, zeros, "gather")
 
 

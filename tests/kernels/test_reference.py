@@ -40,6 +40,33 @@ def test_prefill_reference_matches_naive(causal):
     assert torch.allclose(out.double(), ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "gather"])
+def test_prefill_chunk_over_a_cache_gives_the_whole_prompts_rows(backend):
+    """A prompt chunk at positions [p, p + T) over a static cache (keys past p + T hold garbage): with
+    ``q_offset = p`` and ``lengths = p + T`` its rows are the whole prompt's causal attention rows."""
+    gen = torch.Generator().manual_seed(3)
+    B, P, HQ, HK, D, cache = 2, 13, 8, 2, 16, 24
+    q = torch.randn(B, P, HQ, D, generator=gen)
+    k = torch.randn(B, HK, cache, D, generator=gen).transpose(1, 2)
+    v = torch.randn(B, HK, cache, D, generator=gen).transpose(1, 2)
+    mask = torch.rand(B, P, 4, generator=gen) < 0.6
+    whole = wk.attention_prefill(q, k[:, :P], v[:, :P], mask, backend="torch")
+    for p, t in ((0, 5), (5, 5), (10, 3)):
+        off = torch.full((B,), p, dtype=torch.int32)
+        got = wk.attention_prefill(q[:, p:p + t], k, v, mask[:, p:p + t], lengths=off + t, q_offset=off,
+                                   backend=backend)
+        torch.testing.assert_close(got, whole[:, p:p + t], atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_bad_q_offset_names_the_field():
+    q, kv = torch.randn(1, 2, 4, 16), torch.randn(1, 5, 2, 16)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="q_offset"):
+        wk.attention_prefill(q, kv, kv, mask, q_offset=torch.zeros(2, dtype=torch.long), backend="torch")
+    with pytest.raises(ValueError, match="q_offset"):
+        wk.attention_prefill(q, kv, kv, mask, q_offset=torch.zeros(1), backend="torch")
+
+
 def test_decode_reference_zero_length_row():
     q = torch.randn(2, 1, 4, 16)
     k = torch.randn(2, 6, 2, 16)

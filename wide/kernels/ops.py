@@ -144,25 +144,32 @@ def _check_attention(q, k, v, mask, what: str) -> None:
 
 @torch.compiler.disable
 def attention_prefill(q, k, v, mask, *, causal: bool = True, scale: float | None = None, lengths=None,
-                      plan: RoutingPlan | None = None, backend: str = "auto", out=None):
+                      q_offset=None, plan: RoutingPlan | None = None, backend: str = "auto", out=None):
     """Routed prefill attention over (query token x head group).
 
     Args:
         q: ``[B, T, Hq, D]``.
         k, v: ``[B, S, Hk, D]``, strided views allowed (an HF cache ``[B, Hk, S, D]``.transpose(1, 2)).
         mask: ``[B, T, Hq/g]`` bool (float on the torch backend).
-        causal: query ``i`` sits at key position ``S - T + i`` and sees keys up to it.
+        causal: query ``i`` sits at key position ``S - T + i`` (or ``q_offset[b] + i``) and sees keys up to it.
         scale: softmax scale, default ``D ** -0.5``.
         lengths: optional ``[B]`` int valid key length per row (keys at or past it are ignored).
+        q_offset: optional ``[B]`` int key position of each row's first query, read on the device (a prompt
+            chunk over a static cache: ``q_offset = lengths - T``); default ``S - T``.
         plan, backend, out: as in `gemm_mn` (``out`` is ``[B, T, Hq, D]``).
 
     Returns:
         ``[B, T, Hq, D]``, zeros for inactive (token, group).
     """
     _check_attention(q, k, v, mask, "attention_prefill")
-    call = dict(q=q, k=k, v=v, mask=mask, causal=causal, scale=scale, lengths=lengths, plan=plan, out=out)
+    for name, t in (("lengths", lengths), ("q_offset", q_offset)):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != (q.shape[0],) or t.is_floating_point()):
+            raise ValueError(f"attention_prefill: {name} must be an int tensor [{q.shape[0]}], got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    call = dict(q=q, k=k, v=v, mask=mask, causal=causal, scale=scale, lengths=lengths, q_offset=q_offset, plan=plan,
+                out=out)
     return dispatch.choose("attention_prefill", backend, call, q.device).attention_prefill(
-        q, k, v, mask, causal=causal, scale=scale, lengths=lengths, plan=plan, out=out)
+        q, k, v, mask, causal=causal, scale=scale, lengths=lengths, q_offset=q_offset, plan=plan, out=out)
 
 
 @torch.compiler.disable

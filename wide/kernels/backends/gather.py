@@ -111,7 +111,7 @@ class GatherBackend(KernelBackend):
 
     # ---- attention ----------------------------------------------------------------------------
 
-    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
+    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,
                           out=None):
         B, T, HQ, D = q.shape
         S, HK = k.shape[1], k.shape[2]
@@ -124,6 +124,7 @@ class GatherBackend(KernelBackend):
         perm, counts = plan.token_order(flat=False)
         counts_h = counts.tolist()
         lens_h = lengths.tolist() if lengths is not None else [S] * B
+        offs_h = q_offset.tolist() if q_offset is not None else [S - T] * B
         j = torch.arange(S, device=q.device)
         for b in range(B):
             for g in range(ng):
@@ -138,7 +139,7 @@ class GatherBackend(KernelBackend):
                 vs = v[b][:, kv_heads].transpose(0, 1)
                 keep = j[None, :] < lens_h[b]
                 if causal:
-                    keep = keep & (j[None, :] <= (idx + S - T)[:, None])
+                    keep = keep & (j[None, :] <= (idx + offs_h[b])[:, None])
                 else:
                     keep = keep.expand(c, S)
                 o = sdpa_reference(qs[None], ks[None], vs[None], keep.view(1, 1, c, S), scale)[0]

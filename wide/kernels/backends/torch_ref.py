@@ -38,15 +38,17 @@ def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
 
 
 def key_keep(B: int, T: int, S: int, causal: bool, lengths: torch.Tensor | None,
-             device: torch.device) -> torch.Tensor | None:
-    """Bool ``[B, 1, T, S]`` of visible keys (query i sits at key position S - T + i), or None for all."""
+             device: torch.device, q_offset: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Bool ``[B, 1, T, S]`` of visible keys (query i of row b sits at key position ``q_offset[b] + i``,
+    default ``S - T + i``), or None for all."""
     if not causal and lengths is None:
         return None
     j = torch.arange(S, device=device)
     keep = torch.ones(B, 1, T, S, dtype=torch.bool, device=device)
     if causal:
-        i = torch.arange(T, device=device) + (S - T)
-        keep = keep & (j[None, :] <= i[:, None])
+        start = q_offset.view(B, 1, 1, 1).to(device) if q_offset is not None else S - T
+        i = torch.arange(T, device=device).view(1, 1, T, 1) + start
+        keep = keep & (j.view(1, 1, 1, S) <= i)
     if lengths is not None:
         keep = keep & (j.view(1, 1, 1, S) < lengths.view(B, 1, 1, 1).to(device))
     return keep
@@ -87,11 +89,11 @@ class TorchBackend(KernelBackend):
         y = F.linear(apply_mask(x, expand_groups(mask, group)), weight, bias)
         return _into(out, y)
 
-    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
+    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,
                           out=None):
         B, T, HQ, D = q.shape
         S = k.shape[1]
-        keep = key_keep(B, T, S, causal, lengths, q.device)
+        keep = key_keep(B, T, S, causal, lengths, q.device, q_offset)
         o = sdpa_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keep, scale)
         o = o.transpose(1, 2)
         o = apply_mask(o, expand_groups(mask, HQ // mask.shape[-1]).unsqueeze(-1))

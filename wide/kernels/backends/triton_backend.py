@@ -208,8 +208,12 @@ class TritonBackend(KernelBackend):
                 return False, "lengths must be an int32/int64 tensor on the device of q"
         return _out_ok(out, q.shape, q.dtype)
 
-    def verify_attention_prefill(self, q, k, v, mask, lengths=None, out=None, **_):
-        return self._verify_attention(q, k, v, mask, lengths, out)
+    def verify_attention_prefill(self, q, k, v, mask, lengths=None, out=None, q_offset=None, **_):
+        ok, why = self._verify_attention(q, k, v, mask, lengths, out)
+        if ok and q_offset is not None and (q_offset.dtype not in (torch.int32, torch.int64)
+                                            or q_offset.device != q.device):
+            ok, why = False, "q_offset must be an int32/int64 tensor on the device of q"
+        return ok, why
 
     def verify_attention_decode(self, q, k, v, mask, lengths=None, out=None, **_):
         ok, why = self._verify_attention(q, k, v, mask, lengths, out)
@@ -309,7 +313,7 @@ class TritonBackend(KernelBackend):
         tg.gemm_k(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
         return out
 
-    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, plan=None,
+    def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,
                           out=None, config=None):
         from ..triton import attention as ta
 
@@ -320,7 +324,7 @@ class TritonBackend(KernelBackend):
         scale = scale if scale is not None else ta.default_scale(D)
         gsize = HQ // mask.shape[-1]
         plan = _plan_for(mask, plan)
-        if config is None and lengths is None and k.shape[1] == T and T >= ta.PREFILL_DENSE_MIN_T:
+        if config is None and lengths is None and q_offset is None and k.shape[1] == T and T >= ta.PREFILL_DENSE_MIN_T:
             # dense masks (0% routing, say): SDPA beats the routed kernel; the choice reads the plan's hint
             # (no host read, capture-safe) or, eagerly, its measured density (shared with q_proj's plan)
             if (plan.density_hint is not None or not _capturing(q)) and \
@@ -330,7 +334,8 @@ class TritonBackend(KernelBackend):
         perm, counts = plan.token_order(flat=False)
         cfg = config if config is not None else ta.default_prefill_config(T, D, q.element_size())
         lens = lengths.to(torch.int32) if lengths is not None else None
-        return ta.attention_prefill(q, k, v, out, perm, counts, lens, gsize, causal, scale, cfg)
+        offs = q_offset.to(torch.int32) if q_offset is not None else None
+        return ta.attention_prefill(q, k, v, out, perm, counts, lens, gsize, causal, scale, cfg, q_offset=offs)
 
     def verify_router_margin(self, x, down, up=None, bias=None, **_):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, down, up, bias)):

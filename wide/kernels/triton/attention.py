@@ -46,12 +46,13 @@ class AttentionConfig:
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, perm_ptr, cnt_ptr, len_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, perm_ptr, cnt_ptr, len_ptr, qoff_ptr,
     T, S, qk_scale, N_UNITS,
     sqb, sqt, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, sob, sot, soh, sod,
     spb, spg, scb, scg,
     HU: tl.constexpr, HU_P: tl.constexpr, QPK: tl.constexpr, GSIZE: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_LEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
+    HAS_LEN: tl.constexpr, HAS_QOFF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_D: tl.constexpr,
 ):
     # a token's HU heads sit in HU_P (a power of two) consecutive rows; rows past HU are dead padding
     TILE_T: tl.constexpr = BLOCK_M // HU_P
@@ -83,6 +84,8 @@ def _prefill_kernel(
         if HAS_LEN:
             kv_len = tl.minimum(tl.load(len_ptr + b), S)
         off = S - T
+        if HAS_QOFF:  # a prompt chunk over a cache: its first query sits at the row's own offset
+            off = tl.load(qoff_ptr + b)
         qpos = tok + off
         if CAUSAL:
             tok_first = tl.load(perm_row + tile * TILE_T)
@@ -295,13 +298,14 @@ def _sm_count(device: torch.device) -> int:
 
 
 def attention_prefill(q, k, v, out, perm, counts, lengths, gsize: int, causal: bool, scale: float,
-                      config: AttentionConfig) -> torch.Tensor:
+                      config: AttentionConfig, q_offset=None) -> torch.Tensor:
     """Routed prefill attention.
 
     Args:
         q: ``[B, T, Hq, D]``; k, v: ``[B, S, Hk, D]`` (any strides); out: ``[B, T, Hq, D]``, fully written.
         perm: ``[B, G_count, T]`` int32 per-row token permutation (active first); counts: ``[B, G_count]``.
         lengths: ``[B]`` int32 valid KV length per row, or ``None``.
+        q_offset: ``[B]`` int32 key position of each row's first query (default ``S - T``), or ``None``.
         gsize: query heads per routing group.
     """
     B, T, HQ, D = q.shape
@@ -317,11 +321,11 @@ def attention_prefill(q, k, v, out, perm, counts, lengths, gsize: int, causal: b
     grid = (B * n_units, triton.cdiv(T, tile_t))
     _prefill_kernel[grid](
         q, k, v, out, perm, counts, lengths if lengths is not None else counts,
-        T, S, scale * LOG2E, n_units,
+        q_offset if q_offset is not None else counts, T, S, scale * LOG2E, n_units,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         perm.stride(0), perm.stride(1), counts.stride(0), counts.stride(1),
         HU=hu, HU_P=hu_p, QPK=qpk, GSIZE=gsize, CAUSAL=causal, HAS_LEN=lengths is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_D=D,
+        HAS_QOFF=q_offset is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_D=D,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
