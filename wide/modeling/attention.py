@@ -29,15 +29,15 @@ def _base_function(module, base: str):
 
 
 def _kernel_ok(module, layer, query, attention_mask, kwargs) -> bool:
-    # the fused kernels handle plain causal attention over a complete cache, and decode steps over a
-    # static cache of an unpadded batch; padding masks, sliding windows, soft-capping and attention
+    # the fused kernels handle plain causal attention over a complete cache, and decode steps and prompt
+    # chunks over a cache of an unpadded batch; padding masks, sliding windows, soft-capping and attention
     # dropout take the reference path
     if (kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None or kwargs.get("dropout")
             or kwargs.get("output_attentions")):
         return False
     if attention_mask is None:
         return True
-    return _static_decode_mask(layer, query, attention_mask)
+    return _static_decode_mask(layer, query, attention_mask) or _causal_chunk_mask(layer, query, attention_mask)
 
 
 def _static_decode_mask(layer, query, attention_mask) -> bool:
@@ -46,6 +46,56 @@ def _static_decode_mask(layer, query, attention_mask) -> bool:
             and attention_mask.shape[2] == 1):
         return False
     return layer.runtime.padded(_visible(attention_mask)) is False
+
+
+def _causal_chunk_mask(layer, query, attention_mask) -> bool:
+    """A prompt chunk (``T > 1`` queries after the cache's first ``p`` keys) whose 4D mask is the plain causal
+    mask of an unpadded batch: query ``i`` sees keys ``[0, p + i]``.
+
+    Eagerly that is checked once per forward (one host sync); under CUDA-graph capture it cannot be, so it is
+    taken on trust only where the runtime says so (``WideRuntime.causal_chunks``, set by `wide.Generator`,
+    which builds the chunks itself), and otherwise the chunk takes the reference path."""
+    t = query.shape[2]
+    if not (t > 1 and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+            and attention_mask.shape[1] == 1 and attention_mask.shape[2] == t):
+        return False
+    runtime = layer.runtime
+    if runtime.padded() is not False:
+        return False
+    cache = runtime.forward_cache
+    hit = cache.get("chunk_causal")
+    if hit is not None and hit[0] is attention_mask:
+        return hit[1]
+    if runtime.causal_chunks:
+        ok = True
+    elif torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        ok = False
+    else:
+        vis = _visible_rows(attention_mask)  # [B, T, S]
+        start = vis[:, -1].sum(-1, keepdim=True) - t  # [B, 1]: the chunk's first position
+        j = torch.arange(vis.shape[-1], device=vis.device)
+        want = j.view(1, 1, -1) <= (start + torch.arange(t, device=vis.device).view(1, -1)).unsqueeze(-1)
+        ok = bool((start >= 0).all()) and bool((vis == want).all())
+    cache["chunk_causal"] = (attention_mask, ok)
+    return ok
+
+
+def _chunk_positions(layer, attention_mask: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lengths, q_offset)``, each ``[B]`` int32, of a causal chunk mask (see :func:`_causal_chunk_mask`): the
+    keys its last query sees and its first query's position; reduced on the device once per forward."""
+    cache = layer.runtime.forward_cache
+    hit = cache.get("chunk_positions")
+    if hit is not None and hit[0] is attention_mask:
+        return hit[1]
+    lengths = _visible_rows(attention_mask)[:, -1].sum(-1, dtype=torch.int32)
+    cache["chunk_positions"] = (attention_mask, (lengths, lengths - t))
+    return lengths, lengths - t
+
+
+def _visible_rows(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T, S]`` bool: the keys a mask ``[B, 1, T, S]`` (bool or additive) lets each query see."""
+    m = attention_mask[:, 0]
+    return m if m.dtype == torch.bool else m == 0
 
 
 def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -84,6 +134,11 @@ def _kernel_attention(layer, query, key, value, scaling, attention_mask=None):
         lengths = _valid_lengths(layer, attention_mask) if attention_mask is not None else None
         return kernels.attention_decode(q, k, v, mask, lengths=lengths, scale=scaling, backend=layer.backend,
                                         density=plan.density_hint)
+    if attention_mask is not None:
+        # a prompt chunk over the cache (`_causal_chunk_mask`): queries at the last t of each row's visible keys
+        lengths, q_offset = _chunk_positions(layer, attention_mask, t)
+        return kernels.attention_prefill(q, k, v, mask, causal=True, scale=scaling, lengths=lengths,
+                                         q_offset=q_offset, plan=plan, backend=layer.backend)
     # without a mask, transformers means sdpa's is_causal, which aligns queries to the *first* keys
     # (a static cache holds its empty tail after them): no query sees past key t-1
     return kernels.attention_prefill(q, k[:, :t], v[:, :t], mask, causal=True, scale=scaling, plan=plan,

@@ -165,6 +165,10 @@ class WideRuntime:
     """Routed CUDA decode steps run the attention router on a side stream while the dense K/V projections
     run (`WideLayer.route_attention`); ``False`` keeps everything on the current stream."""
     _side_streams: dict = field(default_factory=dict)
+    causal_chunks: bool = False
+    """Prompt chunks' 4D attention masks are plain causal masks of an unpadded batch (set by `wide.Generator`,
+    which makes the chunks): the routed kernels take them without the eager check's host sync, so a chunk's
+    forward can be captured in a CUDA graph."""
 
     _pad_src: Optional[torch.Tensor] = None
     _padded: Optional[bool] = None
