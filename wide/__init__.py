@@ -11,7 +11,7 @@ from wide.modeling import (
     sparsity_stats,
 )
 from wide.modeling.fuse import fuse_glue, unfuse_glue
-from wide.modeling.generate import generate
+from wide.modeling.generate import Generator, generate
 from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode, set_overlap_routing
 from wide.policies import POLICIES, Policy, register_policy
 from wide.routers import ROUTERS, Router, RouterSpec, register_router
@@ -31,6 +31,7 @@ __all__ = [
     "enable_kernels",
     "export",
     "fuse_glue",
+    "Generator",
     "generate",
     "load",
     "set_coherent_decode",

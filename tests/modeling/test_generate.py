@@ -141,3 +141,147 @@ def test_side_stream_attention_routing_gives_the_one_stream_tokens(coherent, mon
     assert not early
     for got in overlapped:
         assert torch.equal(got, one_stream)
+
+
+def _chunk_calls(monkeypatch):
+    """Records the ``q_offset`` of every routed prefill attention call (``None``: a whole prompt)."""
+    from wide import kernels
+
+    calls = []
+    real = kernels.attention_prefill
+    monkeypatch.setattr(kernels, "attention_prefill",
+                        lambda *a, **k: calls.append(k.get("q_offset")) or real(*a, **k))
+    return calls
+
+
+def test_prompt_chunks_over_a_static_cache_take_the_routed_kernel(monkeypatch):
+    """Chunks at positions [p, p + t) of a static cache get HF's 4D causal masks: the routed attention reads the
+    chunk's position from the mask (``q_offset``) instead of falling back, and the logits are the whole prompt's."""
+    from transformers import StaticCache
+
+    model = _routed()
+    ids = torch.randint(3, 96, (2, 13), generator=torch.Generator().manual_seed(4))
+    whole = model(input_ids=ids, use_cache=False).logits
+    calls = _chunk_calls(monkeypatch)
+    cache = StaticCache(config=model.config, max_cache_len=20)
+    parts = [model(input_ids=ids[:, p:p + t], past_key_values=cache, use_cache=True,
+                   cache_position=torch.arange(p, p + t)).logits for p, t in ((0, 5), (5, 5), (10, 3))]
+    torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)
+    layers = model.config.num_hidden_layers
+    assert len(calls) == 3 * layers and all(o is not None for o in calls[layers:])
+    assert [int(o[0]) for o in calls[layers::layers]] == [5, 10]
+    # the first chunk: a 4D mask or none at all (transformers may hand sdpa's is_causal an empty cache's prefix)
+    assert all(o is None or int(o[0]) == 0 for o in calls[:layers])
+
+
+def test_a_mask_that_is_not_plain_causal_takes_the_reference_path(monkeypatch):
+    """A prompt chunk whose 4D mask hides more than the causal future (here: one cached key) is not a chunk the
+    kernels can read positions from: the reference path runs it, and the logits follow the mask."""
+    from transformers import DynamicCache
+
+    model = _routed()
+    ids = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(5))
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :5], past_key_values=cache, use_cache=True)
+    mask = torch.ones(1, 1, 3, 8, dtype=torch.bool).tril(5)
+    mask[..., 1] = False
+    calls = _chunk_calls(monkeypatch)
+    model(input_ids=ids[:, 5:], past_key_values=cache, use_cache=True, attention_mask=mask,
+          cache_position=torch.arange(5, 8))
+    assert calls == []
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64, (8, 4, 2)], ids=lambda c: f"chunk{c}")
+def test_generator_gives_generate_tokens_across_calls(chunk):
+    """One `Generator` (one static cache) over calls with prompts of other lengths: the tokens of `wide.generate`
+    every time, with the filler keys of a short last chunk and earlier calls' keys left in the cache."""
+    model = _routed()
+    gen = wide.Generator(model, batch_size=2, max_cache_len=64, chunk=chunk)
+    g = torch.Generator().manual_seed(6)
+    for t, n in ((9, 6), (4, 9), (13, 3), (1, 5)):
+        ids = torch.randint(3, 96, (2, t), generator=g)
+        torch.testing.assert_close(gen.generate(ids, max_new_tokens=n), wide.generate(model, ids, max_new_tokens=n))
+
+
+def test_generator_plans_full_chunks_then_the_smallest_that_holds_the_rest():
+    gen = wide.Generator(_routed(), batch_size=1, max_cache_len=64, chunk=(4, 16, 8), whole_from=40)
+    assert gen.plan(35) == [16, 16, 4] and gen.plan(16) == [16] and gen.plan(3) == [4] and gen.plan(21) == [16, 8]
+    assert gen.plan(40) == [] and wide.Generator(_routed(), batch_size=1, max_cache_len=8, chunk=None).plan(5) == []
+
+
+def test_generator_whole_from_default_chunks_routed_models_always_and_dense_ones_below_2048():
+    assert wide.Generator(_routed(), batch_size=1, max_cache_len=64).whole_from is None
+    dense = tiny_model("llama").eval()
+    gen = wide.Generator(dense, batch_size=1, max_cache_len=4096)
+    assert gen.whole_from == 2048 and gen.plan(2047) == [1024, 1024] and gen.plan(2048) == []
+    with pytest.raises(ValueError, match="whole_from"):
+        wide.Generator(dense, batch_size=1, max_cache_len=64, whole_from="always")
+
+
+def test_generator_runs_long_prompts_as_one_forward_with_the_same_tokens(monkeypatch):
+    model = _routed()
+    gen = wide.Generator(model, batch_size=2, max_cache_len=64, chunk=4, whole_from=10)
+    calls = _chunk_calls(monkeypatch)
+    ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(gen.generate(ids, max_new_tokens=5), wide.generate(model, ids, max_new_tokens=5))
+    assert len(calls) == 2 * model.config.num_hidden_layers  # one prefill forward (each call's), no chunks
+
+
+def test_generator_coherent_decode_restarts_its_schedule_each_call():
+    model = _routed()
+    wide.set_coherent_decode(model, 3)
+    gen = wide.Generator(model, batch_size=3, max_cache_len=40, chunk=4)
+    g = torch.Generator().manual_seed(7)
+    for t in (6, 10):
+        ids = torch.randint(3, 96, (3, t), generator=g)
+        torch.testing.assert_close(gen.generate(ids, max_new_tokens=8), wide.generate(model, ids, max_new_tokens=8))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(batch_size=0), "batch_size"),
+    (dict(max_cache_len=0), "max_cache_len"),
+    (dict(chunk=0), "chunk"),
+    (dict(chunk=65), "chunk"),
+    (dict(chunk=(8, 0)), "chunk"),
+    (dict(chunk=()), "chunk"),
+    (dict(whole_from=0), "whole_from"),
+    (dict(graphs=True), "graphs"),
+])
+def test_generator_bad_arguments_name_the_field(kwargs, field):
+    args = dict(batch_size=1, max_cache_len=64, chunk=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        wide.Generator(_routed(), **args)
+
+
+def test_generator_bad_calls_name_the_field():
+    model = _routed()
+    gen = wide.Generator(model, batch_size=2, max_cache_len=12, chunk=8)
+    with pytest.raises(ValueError, match="input_ids"):
+        gen.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_cache_len"):  # 9 tokens are two chunks: 16 positions
+        gen.generate(torch.ones(2, 9, dtype=torch.long), max_new_tokens=2)
+    wide.set_coherent_decode(model, 1, memory=0.5)
+    with pytest.raises(ValueError, match="memory"):
+        wide.Generator(model, batch_size=1, max_cache_len=12, chunk=8)
+
+
+@pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generator_graphs_give_the_eager_tokens_across_calls(coherent, monkeypatch):
+    """Captured once (a prompt chunk and a decode step), replayed in later calls: the eager loop's tokens, with the
+    routed chunk attention inside the captured chunk."""
+    model = _routed("cuda", torch.float32, "triton", num_hidden_layers=3, hidden_size=256, intermediate_size=512,
+                    num_attention_heads=8, num_key_value_heads=2)
+    wide.set_coherent_decode(model, 2 if coherent else None)
+    replayed = wide.Generator(model, batch_size=4, max_cache_len=96, chunk=16)
+    eager = wide.Generator(model, batch_size=4, max_cache_len=96, chunk=16, graphs=False)
+    calls = _chunk_calls(monkeypatch)
+    g = torch.Generator().manual_seed(8)
+    for t, n in ((37, 20), (9, 12), (50, 30)):
+        ids = torch.randint(3, 96, (4, t), generator=g).cuda()
+        torch.testing.assert_close(replayed.generate(ids, max_new_tokens=n), eager.generate(ids, max_new_tokens=n))
+    assert replayed._chunks[16].graph is not None and replayed._step_graph is not None
+    # chunks after a prompt's first read their position from the mask (the first may see no mask when eager)
+    assert sum(o is not None for o in calls) >= len(calls) // 2

@@ -1,4 +1,4 @@
-"""Greedy generation with every decode step replayed from one CUDA graph.
+"""Greedy generation with decode steps (and, with `Generator`, prompt chunks) replayed from CUDA graphs.
 
 HF ``generate`` runs decode steps eagerly unless it compiles the whole forward; a routed model's ops are
 graph breaks there, so an eager step stays bound by the host issuing ~40 launches per layer (an 8B-shaped
@@ -9,14 +9,21 @@ buffers updated in place, the static cache advances its own write position on th
 kernels read masks, plans and lengths on the device, so nothing is re-issued from the host. Without CUDA (or
 with ``graphs=False``) the same loop runs eagerly.
 
+An eager prefill is host-bound too below a few thousand tokens (each routed op costs 100–300 µs of host time,
+BENCHMARKS.md). `Generator` keeps one static cache and its graphs across calls: a prompt is cut into chunks of
+a few fixed sizes (the last one filled up with copies of its last token), each chunk's forward is replayed from
+the graph captured for its size with the chunk's ids and positions in fixed buffers, and the decode step is
+captured once. The routed prefill attention reads each chunk's position from its causal mask on the device.
+
 Greedy decoding of unpadded batches (every row as long as the others), which is what the speed numbers in
 BENCHMARKS.md time; sampling, padding and stopping strings stay with HF ``generate``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Optional
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -71,76 +78,281 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
         ``[B, T + n]`` int64: the prompt and ``n <= max_new_tokens`` new tokens (``n`` is smaller only when
         every row finished early).
     """
-    from transformers import StaticCache
-
     _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len, check_every)
-    dev = input_ids.device
-    B, T = input_ids.shape
-    graphs = dev.type == "cuda" if graphs is None else graphs
-    if graphs and dev.type != "cuda":
-        raise ValueError(f"graphs: CUDA graphs need a CUDA device, the model is on {dev}")
-    pad = eos_token_id if pad_token_id is None else pad_token_id
-    cache = StaticCache(config=model.config, max_cache_len=max_cache_len or T + max_new_tokens)
-    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=dev)
-    out[:, :T] = input_ids
-    logits = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                   cache_position=torch.arange(T, device=dev)).logits
-    tok = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]: the step's input, updated in place from here on
-    pos = torch.tensor([T], device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    gen = Generator(model, batch_size=input_ids.shape[0], max_cache_len=max_cache_len or input_ids.shape[1] + max_new_tokens,
+                    chunk=None, graphs=graphs)
+    return gen._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every)
 
-    def step():
-        return model(input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
 
-    def emit(i: int, logits: Optional[torch.Tensor]) -> None:
-        """Writes token ``i`` (held in ``tok``), then the next step's input and position."""
-        nonlocal done
-        if eos_token_id is not None:
-            out[:, T + i] = torch.where(done, torch.full_like(tok[:, 0], pad), tok[:, 0])
-            done = done | (tok[:, 0] == eos_token_id)
-        else:
-            out[:, T + i] = tok[:, 0]
-        if logits is not None:
-            tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
-            pos.add_(1)
+DEFAULT_CHUNKS = (1024, 512, 256, 128)  # `Generator`'s chunk sizes (those longer than its cache are left out)
+DENSE_WHOLE_FROM = 2048  # prompts a model without routed kernels runs as one eager forward, from this length
 
-    graph = static_logits = None
-    n = max_new_tokens
-    for i in range(max_new_tokens):
-        last = i == max_new_tokens - 1
-        if eos_token_id is not None and i and i % check_every == 0 and bool(done.all()):
-            n = i
-            break
-        if last:
-            emit(i, None)
-            break
-        if graph is not None:
-            graph.replay()
-            emit(i, static_logits)
-        elif graphs and i == 1:
-            # step 0 ran eagerly (compiled the kernels, made their buffers): capture this one, then replay it
-            try:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    static_logits = step()
-            except Exception as err:  # noqa: BLE001 - something in the step syncs with the host: decode eagerly
-                warnings.warn(f"wide.generate: the decode step could not be captured in a CUDA graph "
-                              f"({type(err).__name__}: {str(err)[:200]}); decoding eagerly", stacklevel=3)
-                graph, graphs = None, False
-                torch.cuda.synchronize()
-                emit(i, step())
-                continue
-            graph.replay()
-            emit(i, static_logits)
-        elif graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                logits = step()
-            torch.cuda.current_stream().wait_stream(side)
-            emit(i, logits)
-        else:
-            emit(i, step())
-    else:
+
+class _Chunk:
+    """One prompt-chunk size: its input buffers and, once captured, its graph and that graph's logits."""
+
+    def __init__(self, size: int, batch: int, device: torch.device):
+        self.size = size
+        self.ids = torch.zeros(batch, size, dtype=torch.long, device=device)  # the chunk's tokens
+        self.pos = torch.arange(size, device=device)  # ... their positions
+        self.last = torch.zeros(1, dtype=torch.long, device=device)  # ... the index of the last real one
+        self.graph = self.logits = None
+
+
+class Generator:
+    """Greedy generation that keeps its static cache and CUDA graphs from one call to the next.
+
+    A prompt runs as chunks: as many of the largest size in ``chunk`` as fit, then the remainder in the smallest
+    size that holds it (filled up with copies of its last token, whose keys the decode steps overwrite before
+    anything reads them). Each size is captured once, on first use, after one eager chunk of that size (which
+    compiles the kernels); the decode step likewise. Later calls only replay. Prompts of at least ``whole_from``
+    tokens run as one eager forward instead. By default a model with routed kernels always chunks (its routed
+    attention reads only each chunk's visible keys, and chunks of 1024 beat one eager forward up to 4k tokens on
+    an H200, BENCHMARKS.md), and any other model chunks below 2048 tokens (HF's attention over a static cache
+    with a chunk's mask reads every cached position, so from there one eager forward is faster). ``chunk=None``
+    runs every prompt as one eager forward (what `wide.generate` does).
+
+    Args:
+        model: An HF causal LM in eval mode, routed or dense. Routed models with batch-coherent decode must
+            keep no activation memory across steps (``memory=0``, the default): a new call restarts the
+            selection schedule, not a memory of the previous call's steps.
+        batch_size: Rows of every call's prompts (unpadded, all of one length).
+        max_cache_len: Positions in the static cache: every call's prompt (rounded up to its chunks) and its
+            new tokens must fit.
+        chunk: Prompt chunk size(s) in tokens, one graph each (``None``: no chunks; default 1024, 512, 256 and 128,
+            those up to ``max_cache_len``).
+        whole_from: Prompts at least this long run as one eager forward (``None``: always chunks; ``"auto"``,
+            the default: ``None`` with routed kernels enabled, else 2048).
+        graphs: Capture and replay (default: on CUDA devices).
+
+    Example:
+        >>> gen = wide.Generator(model, batch_size=1, max_cache_len=4096)
+        >>> out = gen.generate(ids, max_new_tokens=128, eos_token_id=tok.eos_token_id)
+    """
+
+    def __init__(self, model: nn.Module, *, batch_size: int, max_cache_len: int,
+                 chunk: Union[int, Sequence[int], None] = DEFAULT_CHUNKS, whole_from: Union[int, str, None] = "auto",
+                 graphs: Optional[bool] = None):
+        from transformers import StaticCache
+
+        for name, v in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+        sizes = (chunk,) if isinstance(chunk, int) else tuple(chunk) if chunk is not None else ()
+        if chunk is DEFAULT_CHUNKS and isinstance(max_cache_len, int):
+            sizes = tuple(c for c in sizes if c <= max_cache_len) or (max(1, max_cache_len),)
+        if chunk is not None and (not sizes or any(not isinstance(c, int) or isinstance(c, bool)
+                                                   or not 1 <= c <= max_cache_len for c in sizes)):
+            raise ValueError(f"chunk: must be None or ints in [1, max_cache_len={max_cache_len}], got {chunk!r}")
+        if whole_from == "auto":
+            routed = any(getattr(m, "kernels_enabled", False) for m in model.modules())
+            whole_from = None if routed else DENSE_WHOLE_FROM
+        elif whole_from is not None and (not isinstance(whole_from, int) or isinstance(whole_from, bool)
+                                         or whole_from < 1):
+            raise ValueError(f"whole_from: must be None, 'auto' or an int >= 1, got {whole_from!r}")
+        if model.training:
+            raise ValueError("model: in training mode; call model.eval() first (routed kernels run in eval only)")
+        dev = next(model.parameters()).device
+        graphs = dev.type == "cuda" if graphs is None else graphs
+        if graphs and dev.type != "cuda":
+            raise ValueError(f"graphs: CUDA graphs need a CUDA device, the model is on {dev}")
+        runtime = getattr(model, "wide_runtime", None)
+        coherent = getattr(runtime, "coherent", None)
+        if coherent is not None and coherent.memory > 0 and sizes:
+            raise ValueError(f"model: batch-coherent decode with memory={coherent.memory} would carry its activation "
+                             "memory from one call into the next; use memory=0 or wide.generate")
+        self.model, self.batch_size, self.max_cache_len, self.graphs = model, batch_size, max_cache_len, graphs
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self.whole_from = whole_from
+        self.device = dev
+        self.runtime = runtime
+        self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        if sizes and any(getattr(layer, "is_sliding", False) for layer in getattr(self.cache, "layers", [])):
+            raise ValueError("chunk: the model has sliding-window layers, whose cache cannot take a filled-up last "
+                             "chunk back; use chunk=None")
+        self._chunks: dict[int, _Chunk] = {}
+        self._tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)  # a decode step's input
+        self._pos = torch.zeros(1, dtype=torch.long, device=dev)  # ... and its position
+        self._step_graph = self._step_logits = None
+        self._eager_step = False  # the decode step has run eagerly once (compiled kernels, made buffers)
+        self._keep: list = []  # decode-time state tensors the decode graph reads (kept alive across calls)
+
+    def plan(self, tokens: int) -> list[int]:
+        """The chunk sizes a prompt of ``tokens`` runs as (``[]``: one eager forward)."""
+        if not self.sizes or (self.whole_from is not None and tokens >= self.whole_from):
+            return []
+        big = self.sizes[0]
+        out = [big] * (tokens // big)
+        rest = tokens - big * len(out)
+        if rest:
+            out.append(min(c for c in self.sizes if c >= rest))
+        return out
+
+    # ---- forwards -------------------------------------------------------------------------------
+
+    def _chunk_forward(self, c: _Chunk) -> torch.Tensor:
+        return self.model(input_ids=c.ids, past_key_values=self.cache, use_cache=True, cache_position=c.pos,
+                          logits_to_keep=c.last).logits
+
+    def _step(self) -> torch.Tensor:
+        return self.model(input_ids=self._tok, past_key_values=self.cache, use_cache=True,
+                          cache_position=self._pos).logits
+
+    @contextlib.contextmanager
+    def _chunks_trusted(self):
+        """Prompt chunks made here carry HF's plain causal masks: routed attention may take them under capture."""
+        if self.runtime is None:
+            yield
+            return
+        old = self.runtime.causal_chunks
+        self.runtime.causal_chunks = True
+        try:
+            yield
+        finally:
+            self.runtime.causal_chunks = old
+
+    def _capture(self, fn: Callable[[], torch.Tensor], what: str):
+        """A graph of ``fn`` (after an eager run of it), or ``None`` with a warning when it cannot be captured."""
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fn()
+            return graph, out
+        except Exception as err:  # noqa: BLE001 - something in the forward syncs with the host: stay eager
+            warnings.warn(f"wide.Generator: the {what} could not be captured in a CUDA graph "
+                          f"({type(err).__name__}: {str(err)[:200]}); running it eagerly", stacklevel=4)
+            torch.cuda.synchronize()
+            return None, None
+
+    def _side(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``fn`` eagerly on a side stream (the warm-up before a capture, as CUDA graphs want it)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def _set_length(self, n: int) -> None:
+        """Sets the static cache's write position (transformers' static layers write at their own device counter,
+        not at ``cache_position``): 0 for a new prompt, the prompt's length after a filled-up last chunk."""
+        for layer in getattr(self.cache, "layers", []):
+            held = getattr(layer, "cumulative_length", None)
+            if isinstance(held, torch.Tensor):
+                held.fill_(n)  # in place: captured graphs hold its address
+            elif isinstance(held, int):
+                layer.cumulative_length = n
+
+    def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Runs the prompt into the cache; returns the last prompt token's logits ``[B, V]``."""
+        T = input_ids.shape[1]
+        self._set_length(0)
+        plan = self.plan(T)
+        if not plan:
+            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+                              cache_position=torch.arange(T, device=self.device)).logits[:, -1]
+        logits, start = None, 0
+        with self._chunks_trusted():
+            for size in plan:
+                c = self._chunks.get(size)
+                if c is None:
+                    c = self._chunks[size] = _Chunk(size, self.batch_size, self.device)
+                n = min(size, T - start)
+                c.ids[:, :n].copy_(input_ids[:, start:start + n])
+                if n < size:  # filler: keys written past the prompt are overwritten by the decode steps before use
+                    c.ids[:, n:].copy_(input_ids[:, start + n - 1:start + n].expand(-1, size - n))
+                c.pos.copy_(torch.arange(start, start + size, device=self.device))
+                c.last.fill_(n - 1)
+                if c.graph is not None:
+                    c.graph.replay()
+                    logits = c.logits
+                elif self.graphs:
+                    logits = self._side(lambda: self._chunk_forward(c)).clone()  # compiles the kernels: then capture
+                    c.graph, c.logits = self._capture(lambda: self._chunk_forward(c), f"prompt chunk of {size}")
+                    if c.graph is None:
+                        self.graphs = False
+                else:
+                    logits = self._chunk_forward(c)
+                start += n
+        self._set_length(T)  # the decode steps write over the last chunk's filler
+        return logits[:, -1]
+
+    def _keep_state(self) -> None:
+        """Holds the routed layers' decode-time state (coherent selections) that a captured step reads."""
+        self._keep = [dict(state) for wl in getattr(self.runtime, "layers", []) or []
+                      for state in getattr(wl, "_coherent", {}).values()]
+
+    def _restart_state(self) -> None:
+        """A new sequence: the coherent selection's schedule starts again (the decode graph's state, in place)."""
+        for state in self._keep:
+            if state.get("step") is not None:
+                state["step"].zero_()
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: Optional[int] = None,
+                 pad_token_id: Optional[int] = None, check_every: int = 16) -> torch.Tensor:
+        """Greedy continuation of ``input_ids [batch_size, T]``; arguments and result as in `wide.generate`."""
+        _check(self.model, input_ids, max_new_tokens, eos_token_id, self.max_cache_len, check_every)
+        padded = sum(self.plan(input_ids.shape[1]))
+        if padded > self.max_cache_len:
+            raise ValueError(f"max_cache_len: {self.max_cache_len} cannot hold the prompt ({input_ids.shape[1]}) as "
+                             f"chunks {self.plan(input_ids.shape[1])} (a last chunk is filled up to its size)")
+        if input_ids.shape[0] != self.batch_size:
+            raise ValueError(f"input_ids: {input_ids.shape[0]} rows, this Generator was made for batch_size="
+                             f"{self.batch_size}")
+        return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every)
+
+    def _run(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: Optional[int],
+             pad_token_id: Optional[int], check_every: int) -> torch.Tensor:
+        dev = input_ids.device
+        B, T = input_ids.shape
+        pad = eos_token_id if pad_token_id is None else pad_token_id
+        out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=dev)
+        out[:, :T] = input_ids
+        self._tok.copy_(self._prefill(input_ids).argmax(-1, keepdim=True))
+        self._pos.fill_(T)
+        self._restart_state()
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+
+        def emit(i: int, logits: Optional[torch.Tensor]) -> None:
+            """Writes token ``i`` (held in ``_tok``), then the next step's input and position."""
+            nonlocal done
+            tok = self._tok[:, 0]
+            if eos_token_id is not None:
+                out[:, T + i] = torch.where(done, torch.full_like(tok, pad), tok)
+                done = done | (tok == eos_token_id)
+            else:
+                out[:, T + i] = tok
+            if logits is not None:
+                self._tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+                self._pos.add_(1)
+
         n = max_new_tokens
-    return out[:, :T + n]
+        for i in range(max_new_tokens):
+            if eos_token_id is not None and i and i % check_every == 0 and bool(done.all()):
+                n = i
+                break
+            if i == max_new_tokens - 1:
+                emit(i, None)
+                break
+            if self._step_graph is not None:
+                self._step_graph.replay()
+                emit(i, self._step_logits)
+            elif self.graphs and self._eager_step:
+                # an earlier step ran eagerly (compiled the kernels, made their buffers): capture this one
+                self._step_graph, self._step_logits = self._capture(self._step, "decode step")
+                if self._step_graph is None:
+                    self.graphs = False
+                    emit(i, self._step())
+                    continue
+                self._keep_state()
+                self._step_graph.replay()
+                emit(i, self._step_logits)
+            elif self.graphs:
+                emit(i, self._side(self._step))
+                self._eager_step = True
+            else:
+                emit(i, self._step())
+        return out[:, :T + n]
