@@ -245,3 +245,23 @@ def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_model_dir
                 "--json", str(out)])
     assert json.loads(out.read_text())["env"] == {"WIDE_SKINNY_SWAP": "0"}
     assert "kernel switches from the environment: WIDE_SKINNY_SWAP=0" in capsys.readouterr().out
+
+
+def test_bench_times_chunked_prefills_on_both_sides(tmp_path, tiny_model_dir):
+    """``--prefill-chunk``: a prefill row per chunk size, both sides through `wide.Generator` (eager chunks on CPU,
+    a captured chunk replayed on a GPU), beside the whole-prompt rows."""
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--prefill", "40", "--prefill-chunk", "16", "--decode-batch",
+                "--sparsity", "0.5", "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2",
+                "--dtype", "fp32", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    modes = [r["mode"] for r in rows]
+    assert len(rows) == 2 and modes[0] == "eager" and modes[1] == "chunks of 16, eager"
+    assert all(r["dense_ms"] > 0 and r["routed_ms"] > 0 for r in rows)
+
+
+def test_bench_rejects_tiny_prefill_chunks():
+    import pytest
+
+    with pytest.raises(SystemExit, match="prefill-chunk"):
+        bench_main(["--prefill-chunk", "8"])

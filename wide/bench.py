@@ -150,6 +150,27 @@ class PrefillRunner:
             self._forward()
 
 
+class ChunkedPrefillRunner:
+    """Times one batch-1 prompt through `wide.Generator`'s chunked prefill: the prompt cut into ``chunk``-token
+    pieces over a static cache, each replayed from one captured graph (what a serving loop that keeps its graphs
+    across requests gets: no per-prompt capture, any prompt length). The first step captures; the mode says
+    ``eager`` when the capture failed (the Generator warns why)."""
+
+    def __init__(self, model, tokens: int, chunk: int):
+        import wide
+
+        dev = next(model.parameters()).device
+        self.ids = _tokens(model, (1, tokens), device=dev)
+        self.gen = wide.Generator(model, batch_size=1, max_cache_len=-(-tokens // chunk) * chunk, chunk=chunk,
+                                  whole_from=None, graphs=dev.type == "cuda")
+        self.step()  # the first call captures the chunk's graph
+        self.mode = f"chunks of {chunk}, " + ("graph" if self.gen._chunks[chunk].graph is not None else "eager")
+
+    def step(self):
+        with torch.inference_mode():
+            self.gen._prefill(self.ids)
+
+
 class DecodeRunner:
     """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly."""
 
@@ -335,11 +356,13 @@ def run(args) -> list[dict]:
     if args.fuse_glue:
         fuse_glue(model, args.fuse_glue)
 
-    # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides
-    prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else [])
+    # prefill: eager on both sides, and (with graphs on a GPU) replayed from a CUDA graph on both sides; an int
+    # mode is a chunked prefill through `wide.Generator` (chunks replayed from one graph) on both sides
+    prefill_modes = [False] + ([True] if not args.no_graphs and dev.type == "cuda" else []) + list(args.prefill_chunk)
 
-    def time_prefill(t: int, graph: bool) -> tuple[float, str]:
-        runner = PrefillRunner(model, t, graph)
+    def time_prefill(t: int, graph) -> tuple[float, str]:
+        chunked = not isinstance(graph, bool)
+        runner = ChunkedPrefillRunner(model, t, graph) if chunked else PrefillRunner(model, t, graph)
         ms = timed(runner.step, iters=args.iters)
         mode = runner.mode
         del runner
@@ -643,6 +666,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
                    help="target sparsities (0: the routed overhead with every group executing)")
     p.add_argument("--prefill", type=int, nargs="*", default=[1024, 4096, 16384])
+    p.add_argument("--prefill-chunk", type=int, nargs="*", default=[],
+                   help="also time prefills cut into chunks of this many tokens, each replayed from one graph "
+                        "(wide.Generator; both sides)")
     p.add_argument("--decode-batch", type=int, nargs="*", default=[1, 4, 16])
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--attn-group-size", type=int, default=None)
@@ -686,6 +712,9 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
         for v in getattr(args, name):
             if not 0 <= v < 1:
                 raise SystemExit(f"wide bench: --sparsity values must be in [0, 1), got {v}")
+    for v in args.prefill_chunk:
+        if v < 16:
+            raise SystemExit(f"wide bench: --prefill-chunk values must be at least 16 tokens, got {v}")
     for v in args.coherent_keep_scale:
         if not 0 < v <= 16:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
