@@ -65,3 +65,16 @@ def test_profile_host_timers_count_only_while_on(monkeypatch):
     assert timers.calls == {"A layer": 2, "B inner": 2}
     rows = timers.table("A layer")
     assert len(rows) == 2 and "1.00 calls/layer  B inner" in rows[1]
+
+
+def test_generator_ttft_measures_both_paths_on_a_tiny_model():
+    import torch
+
+    from tests.conftest import tiny_model
+
+    mod = _file_module("generator_ttft", "sweep_generator_ttft")
+    model = tiny_model("llama").eval()
+    prompts = {t: torch.randint(3, 96, (1, t)) for t in (5, 200)}
+    got = mod.measure(model, prompts, new=4, reps=1, max_cache_len=256)
+    assert got[5]["plan"] == [128] and got[200]["plan"] == [256]  # default sizes up to the cache length
+    assert all(v > 0 for row in got.values() for k, v in row.items() if k != "plan")
