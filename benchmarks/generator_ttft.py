@@ -41,10 +41,11 @@ def wall_ms(fn, reps: int) -> float:
     return statistics.median(once() for _ in range(reps))
 
 
-def measure(model, prompts: dict, new: int, reps: int, max_cache_len: int) -> dict:
+def measure(model, prompts: dict, new: int, reps: int, max_cache_len: int, chunk=None) -> dict:
     import wide
+    from wide.modeling.generate import DEFAULT_CHUNKS
 
-    gen = wide.Generator(model, batch_size=1, max_cache_len=max_cache_len)
+    gen = wide.Generator(model, batch_size=1, max_cache_len=max_cache_len, chunk=chunk or DEFAULT_CHUNKS)
     out = {}
     for t, ids in prompts.items():
         out[t] = {
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, nargs="+", default=[300, 700, 1500, 3000])
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--chunks", type=int, nargs="+", default=None, help="the Generator's chunk sizes (default: its own)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -77,14 +79,14 @@ def main() -> None:
     wide.fuse_glue(model)
     prompts = {t: _tokens(model, (1, t), "cuda") for t in args.prompts}
     cache_len = -(-(max(args.prompts) + args.new) // 1024) * 1024
-    dense = measure(model, prompts, args.new, args.reps, cache_len)
+    dense = measure(model, prompts, args.new, args.reps, cache_len, args.chunks)
     torch.cuda.empty_cache()
     wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random", ffn_group_size=128))
     model.eval()
     enable_kernels(model, "triton")
     wide.fuse_glue(model)
     set_synthetic_rate(model, "random", args.sparsity)
-    routed = measure(model, prompts, args.new, args.reps, cache_len)
+    routed = measure(model, prompts, args.new, args.reps, cache_len, args.chunks)
 
     keys = [k for k in next(iter(dense.values())) if k != "plan"]
     print("| prompt | routed Generator chunks | " + " | ".join(f"{k} dense / routed ms (ratio)" for k in keys) + " |")
@@ -96,7 +98,7 @@ def main() -> None:
     print("routed Generator TTFT against the faster dense path: " + ", ".join(
         f"{t}: {best[t] / routed[t]['ttft Generator']:.2f}x" for t in args.prompts))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, sparsity {args.sparsity}, layers "
-          f"{model.config.num_hidden_layers}")
+          f"{model.config.num_hidden_layers}, chunk sizes {args.chunks or 'default'}")
 
 
 if __name__ == "__main__":
