@@ -115,6 +115,9 @@ def main() -> None:
     if args.decode:
         from transformers import DynamicCache
 
+        from wide.modeling.generate import cache_kwarg
+
+        kw = cache_kwarg(model)
         ids = _tokens(model, (args.decode, args.tokens), "cuda")
         new = _tokens(model, (args.decode, 1), "cuda")
 
@@ -122,8 +125,8 @@ def main() -> None:
             with torch.inference_mode():
                 if "cache" not in state:
                     state["cache"] = DynamicCache(config=model.config)
-                    model(input_ids=ids, past_key_values=state["cache"], use_cache=True, logits_to_keep=1)
-                model(input_ids=new, past_key_values=state["cache"], use_cache=True)
+                    model(input_ids=ids, **{kw: state["cache"]}, use_cache=True, logits_to_keep=1)
+                model(input_ids=new, **{kw: state["cache"]}, use_cache=True)
                 state["cache"].crop(-1)
 
     results = {"dense": profile(fn, args.iters)}

@@ -29,6 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
+from wide.modeling.generate import cache_kwarg
+
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
                 head_dim=128, num_hidden_layers=32, vocab_size=128256, max_position_embeddings=131072,
                 rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
@@ -197,7 +199,7 @@ class DecodeRunner:
         self.cache = DynamicCache(config=self.model.config)
         prompt = _tokens(self.model, (self.batch, self.context), device=dev)
         with torch.inference_mode():
-            self.model(input_ids=prompt, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=prompt, **{cache_kwarg(self.model): self.cache}, use_cache=True, logits_to_keep=1)
 
     def _capture(self, dev):
         from transformers import StaticCache
@@ -206,12 +208,13 @@ class DecodeRunner:
         prompt = _tokens(self.model, (self.batch, self.context), device=dev)
         pos = torch.tensor([self.context], device=dev)
         with torch.inference_mode():
-            self.model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1,
+            self.model(input_ids=prompt, **{cache_kwarg(self.model): cache}, use_cache=True, logits_to_keep=1,
                        cache_position=torch.arange(self.context, device=dev))
             rewind = _static_rewind(cache, self.context)
 
             def decode_step():
-                self.model(input_ids=self.ids, past_key_values=cache, use_cache=True, cache_position=pos)
+                self.model(input_ids=self.ids, **{cache_kwarg(self.model): cache}, use_cache=True,
+                           cache_position=pos)
                 rewind()  # the next replay writes the same slot: the context stays fixed
 
             stream = torch.cuda.Stream()
@@ -230,7 +233,7 @@ class DecodeRunner:
             self.graph.replay()
             return
         with torch.inference_mode(), self.attn_ctx():
-            self.model(input_ids=self.ids, past_key_values=self.cache, use_cache=True)
+            self.model(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
             self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
 
 
@@ -529,14 +532,15 @@ def decode_nll(model, ids: torch.Tensor, prefix: int, usage: Optional[list] = No
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    kw = cache_kwarg(model)
     total, count = 0.0, 0
     with torch.inference_mode():
-        out = model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids[:, :prefix], **{kw: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
         for t in range(prefix, ids.shape[1]):
             total += torch.nn.functional.cross_entropy(logits.float(), ids[:, t], reduction="sum").item()
             count += ids.shape[0]
-            out = model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids[:, t:t + 1], **{kw: cache}, use_cache=True)
             logits = out.logits[:, -1]
             if usage is not None:
                 usage.append(_decode_usage(model))

@@ -22,6 +22,7 @@ BENCHMARKS.md time; sampling, padding and stopping strings stay with HF ``genera
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from typing import Callable, Optional, Sequence, Union
 
@@ -83,6 +84,19 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
                     chunk=None, graphs=graphs)
     return gen._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every)
 
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The forward keyword that takes a KV cache: ``cache`` from transformers 5.2x on (``past_key_values`` still
+    works there with a deprecation warning, until 5.40), ``past_key_values`` before."""
+    fwd = type(model).forward
+    name = _CACHE_KW.get(fwd)
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
+        _CACHE_KW[fwd] = name
+    return name
+
+
+_CACHE_KW: dict = {}
 
 DEFAULT_CHUNKS = (1024, 512, 256, 128)  # `Generator`'s chunk sizes (those longer than its cache are left out)
 DENSE_WHOLE_FROM = 2048  # prompts a model without routed kernels runs as one eager forward, from this length
@@ -167,6 +181,7 @@ class Generator:
         self.device = dev
         self.runtime = runtime
         self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+        self._kw = cache_kwarg(model)
         if sizes and any(getattr(layer, "is_sliding", False) for layer in getattr(self.cache, "layers", [])):
             raise ValueError("chunk: the model has sliding-window layers, whose cache cannot take a filled-up last "
                              "chunk back; use chunk=None")
@@ -191,11 +206,11 @@ class Generator:
     # ---- forwards -------------------------------------------------------------------------------
 
     def _chunk_forward(self, c: _Chunk) -> torch.Tensor:
-        return self.model(input_ids=c.ids, past_key_values=self.cache, use_cache=True, cache_position=c.pos,
+        return self.model(input_ids=c.ids, **{self._kw: self.cache}, use_cache=True, cache_position=c.pos,
                           logits_to_keep=c.last).logits
 
     def _step(self) -> torch.Tensor:
-        return self.model(input_ids=self._tok, past_key_values=self.cache, use_cache=True,
+        return self.model(input_ids=self._tok, **{self._kw: self.cache}, use_cache=True,
                           cache_position=self._pos).logits
 
     @contextlib.contextmanager
@@ -249,7 +264,7 @@ class Generator:
         self._set_length(0)
         plan = self.plan(T)
         if not plan:
-            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1,
+            return self.model(input_ids=input_ids, **{self._kw: self.cache}, use_cache=True, logits_to_keep=1,
                               cache_position=torch.arange(T, device=self.device)).logits[:, -1]
         logits, start = None, 0
         with self._chunks_trusted():
