@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, str] = {
     "assets": "wide.assets:assets_main",
     "bench": "wide.bench:bench_main",
     "eval": "wide.eval.cli:eval_main",
+    "export": "wide.deploy:export_main",
+    "generate": "wide.deploy:generate_main",
     "grid": "wide.grid:grid_main",
 }
 

@@ -1,0 +1,116 @@
+"""`wide export` (checkpoint -> routed model folder) and `wide generate` (text from that folder)."""
+
+import json
+
+import pytest
+import torch
+
+import wide
+from wide.checkpoint import save_trained
+from wide.cli import main
+
+CFG = dict(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32)
+
+
+def _checkpoint(tiny_model_dir, tmp_path, lora: bool):
+    """A stage-1 (or, with LoRA, stage-2) checkpoint with non-trivial router / LoRA tensors, as `wide fit` leaves."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
+
+    cfg = wide.WideConfig(**CFG)
+    model = wide.apply_wide(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg)
+    if lora:
+        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]), model)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".wide.routers." in f".{name}" or "lora_" in name:
+                p.normal_(0, 0.5)
+    extra = {"model": tiny_model_dir, **({"lora_alpha": 8} if lora else {})}
+    return save_trained(model, tmp_path / "routers.safetensors", config=cfg, stage="lora" if lora else "calibrate",
+                        step=7, extra=extra)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["calibrate", "lora"])
+def test_export_writes_a_folder_that_loads_with_the_checkpoint_logits(tiny_model_dir, tmp_path, capsys, lora):
+    from wide.eval.loading import load_model
+
+    ckpt = _checkpoint(tiny_model_dir, tmp_path, lora)
+    out = tmp_path / "exported"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out)]) == 0
+    assert "wide export: wrote" in capsys.readouterr().out
+    assert {"config.json", "model.safetensors", "routers.safetensors", "wide.json"} <= {p.name for p in out.iterdir()}
+    meta = json.loads((out / "wide.json").read_text())
+    assert meta["exported_from"]["checkpoint"]["stage"] == ("lora" if lora else "calibrate")
+    ref = load_model(checkpoint=str(ckpt), device="cpu").model  # LoRA merged, as evaluated
+    got = wide.load(out, kernels=False)
+    assert not any("lora_" in n for n, _ in got.named_parameters()) and got.config.use_cache
+    ids = torch.randint(3, 90, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(got(input_ids=ids).logits, ref(input_ids=ids).logits)
+
+
+def test_export_keeps_an_existing_folder_unless_forced(tiny_model_dir, tmp_path, capsys):
+    ckpt = _checkpoint(tiny_model_dir, tmp_path, False)
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert "out:" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out), "--force"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "routers.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".taken.")] == []  # no temp folder left
+
+
+def test_export_bad_checkpoint_names_it_before_loading(tmp_path, capsys):
+    bad = tmp_path / "nope.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    assert main(["export", "--checkpoint", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "wide export: error:" in err and "nope.safetensors" in err and not (tmp_path / "o").exists()
+
+
+@pytest.fixture()
+def exported(tiny_model_dir, tmp_path):
+    out = tmp_path / "exported"
+    assert main(["export", "--checkpoint", str(_checkpoint(tiny_model_dir, tmp_path, True)), "--out", str(out)]) == 0
+    return out
+
+
+def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path, capsys):
+    capsys.readouterr()
+    js = tmp_path / "gen.json"
+    rc = main(["generate", str(exported), "--prompt", "the cat sat on", "--prompt", "a dog ran", "--max-new-tokens", "6",
+               "--device", "cpu", "--json", str(js)])
+    io = capsys.readouterr()
+    assert rc == 0, io.err
+    recs = json.loads(js.read_text())["records"]
+    assert [r["prompt"] for r in recs] == ["the cat sat on", "a dog ran"] and "### the cat sat on" in io.out
+    model = wide.load(exported)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(exported)
+    for r in recs:
+        ids = torch.tensor([tok(r["prompt"])["input_ids"]])
+        want = wide.generate(model, ids, max_new_tokens=6, eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
+        if tok.eos_token_id in want:
+            want = want[: want.index(tok.eos_token_id) + 1]
+        assert r["new_tokens"] == len(want) and r["completion"] == tok.decode(want, skip_special_tokens=True)
+        assert set(r["skipped"]) == {"attn", "ffn", "by_weight"} and 0 < r["skipped"]["by_weight"] < 1
+        assert r["tokens_per_s"] > 0
+    assert "of routed weights]" in io.out
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--max-new-tokens", "0", "--prompt", "x"], "max-new-tokens"),
+    ([], "prompt"),
+    (["--prompt-file", "/no/such/file"], "prompt-file"),
+    (["--prompt", "x", "--chat"], "chat"),
+])
+def test_generate_bad_input_names_the_field(exported, capsys, args, field):
+    capsys.readouterr()
+    assert main(["generate", str(exported), "--device", "cpu", *args]) == 2
+    assert f"error: {field}" in capsys.readouterr().err
+
+
+def test_generate_needs_an_exported_folder(tiny_model_dir, capsys):
+    assert main(["generate", tiny_model_dir, "--prompt", "x"]) == 2
+    assert "routers.safetensors" in capsys.readouterr().err
