@@ -36,7 +36,7 @@ def test_export_writes_a_folder_that_loads_with_the_checkpoint_logits(tiny_model
     from wide.eval.loading import load_model
 
     ckpt = _checkpoint(tiny_model_dir, tmp_path, lora)
-    out = tmp_path / "exported"
+    out = tmp_path / "new" / "exported"  # parents made
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(out)]) == 0
     assert "wide export: wrote" in capsys.readouterr().out
     assert {"config.json", "model.safetensors", "routers.safetensors", "wide.json"} <= {p.name for p in out.iterdir()}

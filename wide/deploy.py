@@ -62,8 +62,11 @@ def _check_out(out: Path, force: bool) -> None:
         raise ValueError(f"out: {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"out: {out} exists and is not empty (pass --force to replace it)")
-    if not out.parent.exists():
-        raise ValueError(f"out: its parent folder {out.parent} does not exist")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"out: {parent} is not a folder")
+            break
 
 
 def export_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -83,6 +86,7 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
                             dtype=args.dtype, lora_alpha=args.lora_alpha)
         model = loaded.model
         model.config.use_cache = True  # load_model turns the cache off for scoring; generation wants it
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             wide.export(model, tmp, tokenizer=loaded.tokenizer)
@@ -190,8 +194,9 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
         cache = -(-longest // 128) * 128
         from wide.modeling.generate import DEFAULT_CHUNKS
 
+        # chunks pay off only replayed from graphs; eagerly one forward is faster
         gen = wide.Generator(model, batch_size=1, max_cache_len=cache,
-                             chunk=DEFAULT_CHUNKS if dev.type == "cuda" else None, graphs=not args.no_graphs)
+                             chunk=None if args.no_graphs else DEFAULT_CHUNKS, graphs=not args.no_graphs)
         records = []
         for prompt, p_ids in zip(prompts, ids):
             x = torch.tensor([p_ids], device=dev)
@@ -214,9 +219,9 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as err:
         print(f"wide generate: error: {err}", file=sys.stderr)
         return 2
-    first = " (the first prompt's time includes compiling kernels and capturing graphs)" if len(records) else ""
+    note = "" if args.no_graphs else " (the first prompt's time includes compiling kernels and capturing graphs)"
     print(f"wide generate: {len(records)} prompt(s) on {dev} ({str(model.dtype).removeprefix('torch.')}, "
-          f"target sparsity {model.wide_config.sparsity}){first if not args.no_graphs else ''}", file=sys.stderr)
+          f"target sparsity {model.wide_config.sparsity}){note}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(folder), "device": str(dev), "records": records,
                                                "command": ["wide", "generate", *argv]}, indent=2))
