@@ -218,6 +218,22 @@ def test_generator_whole_from_default_chunks_routed_models_always_and_dense_ones
         wide.Generator(dense, batch_size=1, max_cache_len=64, whole_from="always")
 
 
+def test_generator_plans_within_the_cache_and_keeps_the_tokens():
+    """A filled-up last chunk never overruns the cache: the rest is cut smaller, or the prompt runs whole."""
+    model = _routed()
+    gen = wide.Generator(model, batch_size=1, max_cache_len=30, chunk=(16, 8, 4))
+    assert gen.plan(20) == [16, 4] and gen.plan(21) == [16, 8]  # room for the filled-up chunk
+    assert gen.plan(27) == [16, 8, 4]  # [16, 16] would need 32 positions: the rest of 11 as 8 + a filled-up 4
+    assert gen.plan(29) == []  # 16 + 8 + 4 leaves 1 token that no chunk fits in the 2 positions left
+    tight = wide.Generator(model, batch_size=1, max_cache_len=27, chunk=(16, 8))
+    assert tight.plan(23) == [16, 8] and tight.plan(25) == []  # 16 + 8 + a filled-up 8 would need 32 positions
+    g = torch.Generator().manual_seed(4)
+    for gen_, t in ((gen, 27), (gen, 29), (tight, 25), (tight, 23)):
+        ids = torch.randint(3, 96, (1, t), generator=g)
+        n = gen_.max_cache_len - t
+        torch.testing.assert_close(gen_.generate(ids, max_new_tokens=n), wide.generate(model, ids, max_new_tokens=n))
+
+
 def test_generator_runs_long_prompts_as_one_forward_with_the_same_tokens(monkeypatch):
     model = _routed()
     gen = wide.Generator(model, batch_size=2, max_cache_len=64, chunk=4, whole_from=10)
@@ -259,8 +275,8 @@ def test_generator_bad_calls_name_the_field():
     gen = wide.Generator(model, batch_size=2, max_cache_len=12, chunk=8)
     with pytest.raises(ValueError, match="input_ids"):
         gen.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
-    with pytest.raises(ValueError, match="max_cache_len"):  # 9 tokens are two chunks: 16 positions
-        gen.generate(torch.ones(2, 9, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_cache_len"):
+        gen.generate(torch.ones(2, 9, dtype=torch.long), max_new_tokens=4)
     wide.set_coherent_decode(model, 1, memory=0.5)
     with pytest.raises(ValueError, match="memory"):
         wide.Generator(model, batch_size=1, max_cache_len=12, chunk=8)

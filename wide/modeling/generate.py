@@ -118,7 +118,8 @@ class Generator:
 
     A prompt runs as chunks: as many of the largest size in ``chunk`` as fit, then the remainder in the smallest
     size that holds it (filled up with copies of its last token, whose keys the decode steps overwrite before
-    anything reads them). Each size is captured once, on first use, after one eager chunk of that size (which
+    anything reads them); where that last chunk would overrun the cache, the remainder is cut into smaller sizes
+    (and where no sizes fit, the prompt runs as one eager forward). Each size is captured once, on first use, after one eager chunk of that size (which
     compiles the kernels); the decode step likewise. Later calls only replay. Prompts of at least ``whole_from``
     tokens run as one eager forward instead. By default a model with routed kernels always chunks (its routed
     attention reads only each chunk's visible keys, and chunks of 1024 beat one eager forward up to 4k tokens on
@@ -198,9 +199,18 @@ class Generator:
             return []
         big = self.sizes[0]
         out = [big] * (tokens // big)
-        rest = tokens - big * len(out)
-        if rest:
-            out.append(min(c for c in self.sizes if c >= rest))
+        rest, room = tokens - big * len(out), self.max_cache_len - big * len(out)
+        while rest:
+            fits = [c for c in self.sizes if rest <= c <= room]
+            if fits:  # the rest in one chunk, filled up, within the cache
+                out.append(min(fits))
+                break
+            # no size holds the rest within the cache: the largest size below it, then what is left
+            below = [c for c in self.sizes if c <= rest]
+            if not below:
+                return []  # chunks cannot fit this prompt in the cache: one eager forward
+            out.append(max(below))
+            rest, room = rest - out[-1], room - out[-1]
         return out
 
     # ---- forwards -------------------------------------------------------------------------------
@@ -310,10 +320,6 @@ class Generator:
                  pad_token_id: Optional[int] = None, check_every: int = 16) -> torch.Tensor:
         """Greedy continuation of ``input_ids [batch_size, T]``; arguments and result as in `wide.generate`."""
         _check(self.model, input_ids, max_new_tokens, eos_token_id, self.max_cache_len, check_every)
-        padded = sum(self.plan(input_ids.shape[1]))
-        if padded > self.max_cache_len:
-            raise ValueError(f"max_cache_len: {self.max_cache_len} cannot hold the prompt ({input_ids.shape[1]}) as "
-                             f"chunks {self.plan(input_ids.shape[1])} (a last chunk is filled up to its size)")
         if input_ids.shape[0] != self.batch_size:
             raise ValueError(f"input_ids: {input_ids.shape[0]} rows, this Generator was made for batch_size="
                              f"{self.batch_size}")
