@@ -72,10 +72,10 @@ def _causal_chunk_mask(layer, query, attention_mask) -> bool:
         ok = False
     else:
         vis = _visible_rows(attention_mask)  # [B, T, S]
-        start = vis[:, -1].sum(-1, keepdim=True) - t  # [B, 1]: the chunk's first position
+        start = _chunk_positions(layer, attention_mask, t)[1].view(-1, 1)  # [B, 1]: the chunk's first position
         j = torch.arange(vis.shape[-1], device=vis.device)
         want = j.view(1, 1, -1) <= (start + torch.arange(t, device=vis.device).view(1, -1)).unsqueeze(-1)
-        ok = bool((start >= 0).all()) and bool((vis == want).all())
+        ok = bool((start >= 0).all() & (vis == want).all())  # one host sync
     cache["chunk_causal"] = (attention_mask, ok)
     return ok
 
@@ -87,7 +87,7 @@ def _chunk_positions(layer, attention_mask: torch.Tensor, t: int) -> tuple[torch
     hit = cache.get("chunk_positions")
     if hit is not None and hit[0] is attention_mask:
         return hit[1]
-    lengths = _visible_rows(attention_mask)[:, -1].sum(-1, dtype=torch.int32)
+    lengths = _count_visible(attention_mask)
     cache["chunk_positions"] = (attention_mask, (lengths, lengths - t))
     return lengths, lengths - t
 
@@ -99,8 +99,9 @@ def _visible_rows(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _visible(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` bool: the keys a decode mask ``[B, 1, 1, S]`` (bool or additive) lets each row see."""
-    m = attention_mask[:, 0, 0, :]
+    """``[B, S]`` bool: the keys a mask ``[B, 1, T, S]`` (bool or additive) lets each row's last query see (a
+    decode step's only one)."""
+    m = attention_mask[:, 0, -1, :]
     return m if m.dtype == torch.bool else m == 0
 
 
