@@ -231,8 +231,7 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
 def _encode(tok, prompt: str, chat: bool) -> list[int]:
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        return list(ids)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding from transformers 5 on
     return tok(prompt)["input_ids"]
 
 

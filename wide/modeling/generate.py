@@ -22,6 +22,7 @@ BENCHMARKS.md time; sampling, padding and stopping strings stay with HF ``genera
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import warnings
 from typing import Callable, Optional, Sequence, Union
@@ -88,15 +89,12 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
 def cache_kwarg(model: nn.Module) -> str:
     """The forward keyword that takes a KV cache: ``cache`` from transformers 5.2x on (``past_key_values`` still
     works there with a deprecation warning, until 5.40), ``past_key_values`` before."""
-    fwd = type(model).forward
-    name = _CACHE_KW.get(fwd)
-    if name is None:
-        name = "cache" if "cache" in inspect.signature(fwd).parameters else "past_key_values"
-        _CACHE_KW[fwd] = name
-    return name
+    return _cache_kwarg_of(type(model))
 
 
-_CACHE_KW: dict = {}
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 DEFAULT_CHUNKS = (1024, 512, 256, 128)  # `Generator`'s chunk sizes (those longer than its cache are left out)
 DENSE_WHOLE_FROM = 2048  # prompts a model without routed kernels runs as one eager forward, from this length
@@ -119,9 +117,9 @@ class Generator:
     A prompt runs as chunks: as many of the largest size in ``chunk`` as fit, then the remainder in the smallest
     size that holds it (filled up with copies of its last token, whose keys the decode steps overwrite before
     anything reads them); where that last chunk would overrun the cache, the remainder is cut into smaller sizes
-    (and where no sizes fit, the prompt runs as one eager forward). Each size is captured once, on first use, after one eager chunk of that size (which
-    compiles the kernels); the decode step likewise. Later calls only replay. Prompts of at least ``whole_from``
-    tokens run as one eager forward instead. By default a model with routed kernels always chunks (its routed
+    (and where no sizes fit, the prompt runs as one eager forward). Each size is captured once, on first use,
+    after one eager chunk of that size (which compiles the kernels); the decode step likewise. Later calls only
+    replay. Prompts of at least ``whole_from`` tokens run as one eager forward instead. By default a model with routed kernels always chunks (its routed
     attention reads only each chunk's visible keys, and chunks of 1024 beat one eager forward up to 4k tokens on
     an H200, BENCHMARKS.md), and any other model chunks below 2048 tokens (HF's attention over a static cache
     with a chunk's mask reads every cached position, so from there one eager forward is faster). ``chunk=None``
@@ -154,8 +152,8 @@ class Generator:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         sizes = (chunk,) if isinstance(chunk, int) else tuple(chunk) if chunk is not None else ()
-        if chunk is DEFAULT_CHUNKS and isinstance(max_cache_len, int):
-            sizes = tuple(c for c in sizes if c <= max_cache_len) or (max(1, max_cache_len),)
+        if chunk is DEFAULT_CHUNKS:
+            sizes = tuple(c for c in sizes if c <= max_cache_len) or (max_cache_len,)
         if chunk is not None and (not sizes or any(not isinstance(c, int) or isinstance(c, bool)
                                                    or not 1 <= c <= max_cache_len for c in sizes)):
             raise ValueError(f"chunk: must be None or ints in [1, max_cache_len={max_cache_len}], got {chunk!r}")
@@ -237,7 +235,8 @@ class Generator:
             self.runtime.causal_chunks = old
 
     def _capture(self, fn: Callable[[], torch.Tensor], what: str):
-        """A graph of ``fn`` (after an eager run of it), or ``None`` with a warning when it cannot be captured."""
+        """``(graph, its output)`` of ``fn`` (which the caller has run eagerly once), or ``(None, None)`` with a
+        warning when it cannot be captured."""
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
