@@ -26,14 +26,18 @@ def naive_attention(q, k, v, causal, lengths=None):
     return out
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_prefill_reference_matches_naive(causal):
-    gen = torch.Generator().manual_seed(1)
-    B, T, S, HQ, HK, D = 2, 5, 9, 8, 2, 16
+def _attention_inputs(seed: int, B: int, T: int, S: int, density: float, HQ: int = 8, HK: int = 2, D: int = 16):
+    """q ``[B, T, HQ, D]``, k / v ``[B, S, HK, D]`` (strided views of an HF cache layout), mask ``[B, T, 4]``."""
+    gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, HQ, D, generator=gen)
     k = torch.randn(B, HK, S, D, generator=gen).transpose(1, 2)
     v = torch.randn(B, HK, S, D, generator=gen).transpose(1, 2)
-    mask = torch.rand(B, T, 4, generator=gen) < 0.5
+    return q, k, v, torch.rand(B, T, 4, generator=gen) < density
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_reference_matches_naive(causal):
+    q, k, v, mask = _attention_inputs(seed=1, B=2, T=5, S=9, density=0.5)
     lengths = torch.tensor([9, 6])
     out = wk.attention_prefill(q, k, v, mask, causal=causal, lengths=lengths, backend="torch")
     ref = naive_attention(q, k, v, causal, lengths) * mask.repeat_interleave(2, -1)[..., None]
@@ -44,12 +48,8 @@ def test_prefill_reference_matches_naive(causal):
 def test_prefill_chunk_over_a_cache_gives_the_whole_prompts_rows(backend):
     """A prompt chunk at positions [p, p + T) over a static cache (keys past p + T hold garbage): with
     ``q_offset = p`` and ``lengths = p + T`` its rows are the whole prompt's causal attention rows."""
-    gen = torch.Generator().manual_seed(3)
-    B, P, HQ, HK, D, cache = 2, 13, 8, 2, 16, 24
-    q = torch.randn(B, P, HQ, D, generator=gen)
-    k = torch.randn(B, HK, cache, D, generator=gen).transpose(1, 2)
-    v = torch.randn(B, HK, cache, D, generator=gen).transpose(1, 2)
-    mask = torch.rand(B, P, 4, generator=gen) < 0.6
+    B, P = 2, 13
+    q, k, v, mask = _attention_inputs(seed=3, B=B, T=P, S=24, density=0.6)
     whole = wk.attention_prefill(q, k[:, :P], v[:, :P], mask, backend="torch")
     for p, t in ((0, 5), (5, 5), (10, 3)):
         off = torch.full((B,), p, dtype=torch.int32)
