@@ -9,6 +9,13 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
+def suggest(name: str, choices, n: int = 3, cutoff: float = 0.5) -> str:
+    """`` Did you mean 'a', 'b'?`` for the choices closest to ``name`` (empty when none is close): the one
+    did-you-mean of every lookup that names what was asked for (registries, assets, tasks, config keys)."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=n, cutoff=cutoff)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
 class Registry(Generic[T]):
     """Maps names to classes deriving from ``base``.
 
@@ -41,8 +48,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = suggest(name, self._items)
             where = f"{field}: " if field else ""
             raise ValueError(
                 f"{where}unknown {self.kind} {name!r}.{hint} Registered: {', '.join(sorted(self._items))}"
