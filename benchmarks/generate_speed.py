@@ -39,7 +39,7 @@ def per_token_ms(fn, new: int, reps: int) -> tuple[float, float]:
 
 def main() -> None:
     import wide
-    from wide.bench import _tokens, build_model
+    from wide.bench.models import build_model, random_ids
     from wide.modeling.inference import enable_kernels
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -57,7 +57,7 @@ def main() -> None:
     model = build_model(args.model, args.layers, "cuda", torch.bfloat16)
     model.generation_config.disable_compile = True
     wide.fuse_glue(model)
-    prompts = {b: _tokens(model, (b, args.prompt), "cuda") for b in args.batch}
+    prompts = {b: random_ids(model, (b, args.prompt), "cuda") for b in args.batch}
 
     def timings(label):
         for b, ids in prompts.items():

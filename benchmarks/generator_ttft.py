@@ -60,7 +60,8 @@ def measure(model, prompts: dict, new: int, reps: int, max_cache_len: int, chunk
 
 def main() -> None:
     import wide
-    from wide.bench import _tokens, build_model, set_synthetic_rate
+    from wide.bench.models import build_model, random_ids
+    from wide.bench.synthetic import set_synthetic_rate
     from wide.modeling.inference import enable_kernels
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -77,7 +78,7 @@ def main() -> None:
     model = build_model(args.model, args.layers, "cuda", torch.bfloat16)
     model.generation_config.disable_compile = True
     wide.fuse_glue(model)
-    prompts = {t: _tokens(model, (1, t), "cuda") for t in args.prompts}
+    prompts = {t: random_ids(model, (1, t), "cuda") for t in args.prompts}
     cache_len = -(-(max(args.prompts) + args.new) // 1024) * 1024
     dense = measure(model, prompts, args.new, args.reps, cache_len, args.chunks)
     torch.cuda.empty_cache()

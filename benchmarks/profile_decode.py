@@ -57,7 +57,9 @@ def main() -> None:
     import wide
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from wide.bench import SLICED, DecodeRunner, _register_sliced, _slice_len, build_model
+    from wide.bench.dense import SLICED, use_attention
+    from wide.bench.models import build_model
+    from wide.bench.runners import DecodeRunner
     from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
 
@@ -65,15 +67,12 @@ def main() -> None:
     model = build_model(None, args.layers, "cuda", torch.bfloat16)
     if not args.no_fuse_glue:
         fuse_glue(model)
-    _register_sliced()
-    base = model.config._attn_implementation
-    model.config._attn_implementation, _slice_len[0] = SLICED, args.context + 1
-    runner = DecodeRunner(model, args.batch, args.context, True,
-                          attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
-    assert runner.mode == "graph", runner.mode
-    results = {"dense (sliced cuDNN sdpa)": kernel_table(runner.step, args.iters)}
-    del runner
-    model.config._attn_implementation, _slice_len[0] = base, None
+    with use_attention(model, SLICED, keys=args.context + 1):
+        runner = DecodeRunner(model, args.batch, args.context, True,
+                              attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
+        assert runner.mode == "graph", runner.mode
+        results = {"dense (sliced cuDNN sdpa)": kernel_table(runner.step, args.iters)}
+        del runner
 
     wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router=args.router,
                                                 ffn_group_size=args.ffn_group_size,
@@ -82,7 +81,7 @@ def main() -> None:
     enable_kernels(model)
     if not args.no_fuse_glue:
         fuse_glue(model)
-    from wide.bench import set_synthetic_rate
+    from wide.bench.synthetic import set_synthetic_rate
 
     set_synthetic_rate(model, args.router, args.sparsity)
     if args.coherent:

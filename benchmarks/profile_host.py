@@ -85,7 +85,8 @@ def install(timers: Timers) -> None:
 
 def layer_table(router: str, tokens: int, layers: int, iters: int) -> None:
     import wide
-    from wide.bench import _tokens, build_model, set_synthetic_rate
+    from wide.bench.models import build_model, random_ids
+    from wide.bench.synthetic import set_synthetic_rate
     from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
 
@@ -94,7 +95,7 @@ def layer_table(router: str, tokens: int, layers: int, iters: int) -> None:
     torch.manual_seed(0)
     model = build_model(None, layers, "cuda", torch.bfloat16)
     fuse_glue(model)
-    ids = _tokens(model, (1, tokens), "cuda")
+    ids = random_ids(model, (1, tokens), "cuda")
 
     def forward():
         with torch.inference_mode():

@@ -17,7 +17,8 @@ def main():
     ap.add_argument("--rows", type=int, default=30)
     args = ap.parse_args()
     import wide
-    from wide.bench import DecodeRunner, build_model
+    from wide.bench.models import build_model
+    from wide.bench.runners import DecodeRunner
     from wide.checkpoint import load_trained, read_metadata
     from wide.modeling.inference import enable_kernels, set_coherent_decode
 

@@ -95,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import wide
-    from wide.bench import _tokens, build_model
+    from wide.bench.models import build_model, random_ids
     from wide.modeling.inference import enable_kernels
 
     torch.manual_seed(0)
@@ -104,7 +104,7 @@ def main() -> None:
         from wide.modeling.fuse import fuse_glue
 
         fuse_glue(model)
-    ids = _tokens(model, (1, args.tokens), "cuda")
+    ids = random_ids(model, (1, args.tokens), "cuda")
 
     state: dict = {}
 
@@ -118,8 +118,8 @@ def main() -> None:
         from wide.modeling.generate import cache_kwarg
 
         kw = cache_kwarg(model)
-        ids = _tokens(model, (args.decode, args.tokens), "cuda")
-        new = _tokens(model, (args.decode, 1), "cuda")
+        ids = random_ids(model, (args.decode, args.tokens), "cuda")
+        new = random_ids(model, (args.decode, 1), "cuda")
 
         def fn():  # noqa: F811 - the decode variant
             with torch.inference_mode():
@@ -136,7 +136,7 @@ def main() -> None:
     enable_kernels(model)
     if args.fuse_glue:
         fuse_glue(model)
-    from wide.bench import set_synthetic_rate
+    from wide.bench.synthetic import set_synthetic_rate
 
     set_synthetic_rate(model, args.router, args.sparsity)
     if args.coherent:

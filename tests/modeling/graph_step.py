@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from wide.bench import _static_rewind
+from wide.bench.runners import static_rewind
 
 
 def eager_and_replayed_step(model, cache, tok: torch.Tensor, pos: int, warmups: int = 1):
@@ -15,7 +15,7 @@ def eager_and_replayed_step(model, cache, tok: torch.Tensor, pos: int, warmups: 
     Call under ``torch.inference_mode()``.
     """
     position = torch.tensor([pos], device=tok.device)
-    rewind = _static_rewind(cache, pos)
+    rewind = static_rewind(cache, pos)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):

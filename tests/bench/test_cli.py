@@ -1,3 +1,5 @@
+"""`wide bench` end to end on a tiny model: the rows, their JSON fields, and the flags' errors."""
+
 import json
 from unittest import mock
 
@@ -48,71 +50,6 @@ def test_bench_rejects_router_with_checkpoint(tmp_path):
         bench_main(["--checkpoint", str(tmp_path / "r.safetensors"), "--router", "lowrank"])
 
 
-def test_decode_nll_equals_teacher_forced_forward():
-    import torch
-
-    from tests.conftest import tiny_model
-    from wide.bench import decode_nll
-
-    model = tiny_model("llama")
-    ids = torch.randint(3, 96, (3, 12))
-    logits = model(ids).logits[:, 4:-1]
-    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 5:].reshape(-1))
-    assert abs(decode_nll(model, ids, prefix=5) - ref.item()) < 1e-4
-
-
-def test_static_rewind_keeps_the_context_fixed_across_decode_steps():
-    """What the CUDA-graph decode replays: one step plus a device-side rewind of the static cache."""
-    import torch
-    from transformers import DynamicCache, StaticCache
-
-    from tests.conftest import tiny_model
-    from wide.bench import _static_rewind
-
-    model = tiny_model("llama")
-    prompt, new = torch.randint(3, 96, (2, 6)), torch.randint(3, 96, (2, 1))
-    cache = StaticCache(config=model.config, max_cache_len=8)
-    with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(6))
-        rewind = _static_rewind(cache, 6)
-        outs = []
-        for _ in range(5):  # more steps than the cache has free slots
-            outs.append(model(input_ids=new, past_key_values=cache, use_cache=True,
-                              cache_position=torch.tensor([6])).logits)
-            rewind()
-        ref_cache = DynamicCache(config=model.config)
-        model(input_ids=prompt, past_key_values=ref_cache, use_cache=True)
-        ref = model(input_ids=new, past_key_values=ref_cache, use_cache=True).logits
-    for out in outs:
-        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
-
-
-def test_sliced_dense_decode_attention_equals_the_masked_default():
-    """The bench's strongest dense decode baseline computes the same step as transformers' default."""
-    import torch
-    from transformers import StaticCache
-
-    from tests.conftest import tiny_model
-    from wide.bench import SLICED, _register_sliced, _slice_len, _static_rewind
-
-    model = tiny_model("llama")
-    _register_sliced()
-    prompt, new = torch.randint(3, 96, (2, 6)), torch.randint(3, 96, (2, 1))
-    outs = {}
-    for impl in ("sdpa", SLICED):
-        model.config._attn_implementation = impl
-        _slice_len[0] = 7 if impl == SLICED else None
-        cache = StaticCache(config=model.config, max_cache_len=10)
-        with torch.inference_mode():
-            model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(6))
-            _static_rewind(cache, 6)
-            outs[impl] = model(input_ids=new, past_key_values=cache, use_cache=True,
-                               cache_position=torch.tensor([6])).logits
-    _slice_len[0] = None
-    model.config._attn_implementation = "sdpa"
-    torch.testing.assert_close(outs[SLICED], outs["sdpa"], atol=1e-5, rtol=1e-4)
-
-
 def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     """``--checkpoint``: masks from the saved routers (lowrank, here freshly initialised) instead of synthetic
     ones; one sparsity row, the checkpoint's own target."""
@@ -132,35 +69,6 @@ def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     rows = json.loads(out.read_text())["rows"]
     assert {r["sparsity"] for r in rows} == {0.4} and len(rows) == 2
     assert 0.0 <= rows[0]["realized"] <= 1.0 and all(r["routed_ms"] > 0 for r in rows)
-
-
-def test_prefill_capture_keeps_the_eager_causal_mask_decision():
-    """Under stream capture transformers would assume packed sequences and build the full causal mask (no
-    flash); the bench's capture context keeps the eager decision, reads nothing on the host, and restores
-    transformers afterwards."""
-    import torch
-    from transformers import LlamaConfig, masking_utils
-
-    from wide.bench import _untraced_masks
-
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
-    cfg._attn_implementation = "sdpa"
-    kwargs = dict(config=cfg, inputs_embeds=torch.zeros(1, 5, 16), attention_mask=None, past_key_values=None,
-                  position_ids=torch.arange(5)[None])
-    real_tracing, real_packed = masking_utils.is_tracing, masking_utils.find_packed_sequence_indices
-    masking_utils.is_tracing = lambda *a, **k: True  # what a capture looks like to transformers
-    try:
-        assert masking_utils.create_causal_mask(**kwargs) is not None  # the full mask: SDPA cannot use flash
-        with _untraced_masks():
-            assert masking_utils.create_causal_mask(**kwargs) is None  # SDPA runs is_causal (flash)
-            # transformers 5.17 asks is_tracing(padding_mask) with no padding mask: nothing to read, so no;
-            # a real tensor still gets the real answer
-            assert masking_utils.is_tracing(None) is False and masking_utils.is_tracing(torch.ones(2)) is True
-        assert masking_utils.find_packed_sequence_indices is real_packed
-        assert masking_utils.is_tracing(None) is True  # the simulated capture's answer is back
-    finally:
-        masking_utils.is_tracing = real_tracing
 
 
 def test_bench_compiles_both_sides(tmp_path, tiny_model_dir, capsys):
@@ -203,34 +111,6 @@ def test_bench_fuses_glue_on_both_sides(tmp_path, tiny_model_dir, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 and all(r["routed_ms"] > 0 for r in rows)
     assert "wide.fuse_glue" in capsys.readouterr().out
-
-
-def test_decode_quality_reports_nll_and_which_groups_run_and_are_read(tiny_model_dir):
-    """`wide bench --quality`'s rows: dense reads everything; per-token rows run their own groups and the
-    step reads their union; coherent rows all run the same groups, so what is read is what a row runs."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import wide
-    from tests.conftest import TINY_TEXT
-    from wide.bench import decode_quality
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=16))
-    torch.manual_seed(0)
-    for r in wide.modeling.runtime_of(model).layers:
-        for router in r.routers.values():
-            for p in router.parameters():
-                p.data.normal_(0, 0.5)  # untrained routers are near-constant: spread their decisions
-    rows = decode_quality(model, tok, batch=4, prefix=4, steps=3, n_seqs=4, docs=[TINY_TEXT] * 4,
-                          keep_scales=(1.0, 2.0))
-    by = {r["routing"]: r for r in rows}
-    assert set(by) == {"dense", "per-token", "coherent", "coherent x2"} and all(r["nll"] > 0 for r in rows)
-    assert by["coherent x2"]["row_runs"] >= by["coherent"]["row_runs"]  # twice the count (capped at every group)
-    assert by["dense"]["row_runs"] == by["dense"]["weights_read"] == 1.0
-    assert 0 < by["per-token"]["row_runs"] < 1 and by["per-token"]["weights_read"] >= by["per-token"]["row_runs"]
-    assert abs(by["coherent"]["weights_read"] - by["coherent"]["row_runs"]) < 1e-6
 
 
 def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_model_dir, capsys, monkeypatch):

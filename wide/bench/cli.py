@@ -1,0 +1,98 @@
+"""``wide bench``: end-to-end prefill latency and decode throughput, dense vs routed, in one run.
+
+The command line; the package docstring (`wide.bench`) says what is timed and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Optional
+
+import torch
+
+from wide.bench.latency import run_latency
+from wide.bench.quality import quality_rows
+from wide.bench.report import format_quality_table, format_table, kernel_switches, latency_notes, write_json
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wide bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="local model / asset (default: random Llama-3.1-8B shape)")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
+    p.add_argument("--checkpoint", default=None, help="trained routers (.safetensors) instead of synthetic masks")
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
+                   help="target sparsities (0: the routed overhead with every group executing)")
+    p.add_argument("--prefill", type=int, nargs="*", default=[1024, 4096, 16384])
+    p.add_argument("--prefill-chunk", type=int, nargs="*", default=[],
+                   help="also time prefills cut into chunks of this many tokens, each replayed from one graph "
+                        "(wide.Generator; both sides)")
+    p.add_argument("--decode-batch", type=int, nargs="*", default=[1, 4, 16])
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--attn-group-size", type=int, default=None)
+    p.add_argument("--ffn-group-size", type=int, default=128)
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
+    p.add_argument("--router", choices=["random", "lowrank"], default="random",
+                   help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
+                        "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
+                        "kernels and cost)")
+    p.add_argument("--coherent", action="store_true", help="also time batch-coherent decode routing")
+    p.add_argument("--coherent-refresh", type=int, default=1)
+    p.add_argument("--coherent-keep-scale", type=float, nargs="+", default=[1.0],
+                   help="coherent decode keeps this multiple of the rows' mean group count (one row per value)")
+    p.add_argument("--coherent-memory", type=float, default=0.0,
+                   help="coherent decode's EMA memory (0: the current batch's scores only)")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-overlap-routing", action="store_true",
+                   help="decide a decode step's attention mask on the main stream, not beside the K/V projections")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile the forward on both sides (default backend: inductor); the routed ops "
+                        "stay eager graph breaks, the glue between them is compiled")
+    p.add_argument("--fuse-glue", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="compile HF's RMS norms, RoPE and the dense MLP's act*up on both sides (wide.fuse_glue; "
+                        "default backend: inductor): seconds to compile, CUDA-graph capturable")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument("--quality", action="store_true",
+                   help="instead of timing: decode-time perplexity of dense / per-token / coherent routing "
+                        "(needs --model with a tokenizer and --checkpoint or synthetic routers)")
+    p.add_argument("--quality-seqs", type=int, default=16)
+    p.add_argument("--quality-prefix", type=int, default=64)
+    p.add_argument("--quality-steps", type=int, default=32)
+    return p
+
+
+def bench_main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``wide bench``; returns the exit status (bad flags exit with one line naming the flag)."""
+    args = parser().parse_args(argv)
+    for v in args.sparsity:
+        if not 0 <= v < 1:
+            raise SystemExit(f"wide bench: --sparsity values must be in [0, 1), got {v}")
+    for v in args.prefill_chunk:
+        if v < 16:
+            raise SystemExit(f"wide bench: --prefill-chunk values must be at least 16 tokens, got {v}")
+    for v in args.coherent_keep_scale:
+        if not 0 < v <= 16:
+            raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
+    if args.checkpoint and args.router != "random":
+        raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    t0 = time.time()
+    if args.quality:
+        rows = quality_rows(args)
+        print(format_quality_table(rows))
+        if args.json:
+            write_json(args.json, {"args": vars(args), "quality": rows})
+        return 0
+    rows = run_latency(args)
+    print(format_table(rows))
+    switches = kernel_switches()
+    for line in latency_notes(args, rows, switches):
+        print(line)
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
+    if args.json:
+        write_json(args.json, {"device": dev, "torch": torch.__version__, "args": vars(args), "env": switches,
+                               "rows": rows})
+    return 0

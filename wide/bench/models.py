@@ -1,0 +1,56 @@
+"""The models ``wide bench`` times: a local model / asset, or a Llama-3.1-8B-shaped network with random weights."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, num_hidden_layers=32, vocab_size=128256, max_position_embeddings=131072,
+                rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def random_ids(model, shape, device) -> torch.Tensor:
+    """Random token ids of ``shape`` (below 1000 and the model's vocabulary) on ``device``."""
+    # drawn on the CPU: a failed CUDA-graph capture (reported, then timed eagerly) can leave the CUDA
+    # generator unusable, which must not stop the remaining rows
+    return torch.randint(0, min(1000, model.config.vocab_size), shape).to(device)
+
+
+def build_model(model: Optional[str], layers: Optional[int], device: str, dtype: torch.dtype):
+    """The model to time in eval mode with SDPA attention: ``model`` (an asset, local folder or hub name) or, when it
+    is ``None``, the Llama-3.1-8B shape with random weights; ``layers`` keeps only the first N decoder layers."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if model:
+        from wide.assets import resolve_model
+
+        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=dtype, attn_implementation="sdpa")
+        if layers:
+            m.model.layers = m.model.layers[:layers]
+            m.config.num_hidden_layers = layers
+        return m.to(device).eval()
+    cfg = LlamaConfig(**{**LLAMA_8B, **({"num_hidden_layers": layers} if layers else {})})
+    cfg._attn_implementation = "sdpa"
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return m.eval()
+
+
+def compile_forward(model, backend: str) -> None:
+    """``torch.compile`` the model's forward in place (both sides of the bench get the same treatment).
+
+    The routed ops and plans are eager graph breaks (see `wide.kernels.ops`); everything between them —
+    HF's RMS norms, RoPE, residual adds, the routers' small ops — is compiled. Every decoder layer and
+    shape compiles its own frames, more than dynamo's default of 8 recompiles per frame allows.
+    """
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
+                        ("accumulated_recompile_limit", 16384), ("accumulated_cache_size_limit", 16384)):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), value))
+    model.forward = torch.compile(model.forward, backend=backend)

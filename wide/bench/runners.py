@@ -1,0 +1,208 @@
+"""Timing runners: a batch-1 prefill (eager or CUDA graph), a chunked prefill through `wide.Generator`, and one
+decode step at a fixed context (CUDA graph over a static cache, or eager steps over a dynamic cache)."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from wide.bench.models import random_ids
+from wide.modeling.generate import cache_kwarg
+
+
+def timed(fn: Callable[[], object], *, warmup: int = 2, iters: int = 5) -> float:
+    """Median milliseconds of ``fn`` (CUDA events on GPU, wall clock otherwise)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available() and torch.cuda.current_device() is not None
+    out = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(out)
+
+
+@contextlib.contextmanager
+def _untraced_masks():
+    """Keep SDPA's ``is_causal`` path in a captured prefill.
+
+    Without a cache and an attention mask, transformers looks for packed sequences in the position ids;
+    the check reads a tensor on the host, so under stream capture (which it treats as tracing) it assumes
+    packing and builds the full causal mask — SDPA can then no longer pick flash (dense: 944 vs 583 ms eager
+    at 16k on the H200). The bench's prompt is one unpacked sequence per row, so the check's eager answer
+    ("not packed") holds for every replay of the fixed-shape graph: give it without the host read.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover - transformers always has it from 4.53 on
+        yield
+        return
+    real_packed = getattr(masking_utils, "find_packed_sequence_indices", None)
+    real_tracing = getattr(masking_utils, "is_tracing", None)
+    if real_packed is not None:
+        masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    if real_tracing is not None:  # transformers 5.17 asks is_tracing(None) (no padding mask): nothing to read
+        masking_utils.is_tracing = lambda t=None, *a, **k: False if t is None else real_tracing(t, *a, **k)
+    try:
+        yield
+    finally:
+        if real_packed is not None:
+            masking_utils.find_packed_sequence_indices = real_packed
+        if real_tracing is not None:
+            masking_utils.is_tracing = real_tracing
+
+
+class PrefillRunner:
+    """Times one batch-1 prefill (logits of the last token only), eagerly or replayed from a CUDA graph.
+
+    The graph mode removes host launch overhead on both sides (what an engine that captures prefill
+    shapes gets); a capture that fails falls back to eager and says why in ``mode``.
+    """
+
+    def __init__(self, model, tokens: int, graph: bool):
+        self.model = model
+        dev = next(model.parameters()).device
+        self.ids = random_ids(model, (1, tokens), device=dev)
+        self.graph = None
+        self.mode = "eager"
+        if graph and dev.type == "cuda":
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                # warm-ups under the capture's own mask context: a compiled forward then needs no recompile
+                # (its guards see the same transformers functions) while capturing
+                with torch.cuda.stream(stream), _untraced_masks():
+                    for _ in range(2):  # compiles the Triton kernels and fills the allocator before capture
+                        self._forward()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph_ = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph_), _untraced_masks():
+                    self._forward()
+                self.graph, self.mode = graph_, "graph"
+            except Exception as err:  # noqa: BLE001 - report and fall back
+                self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
+
+    def _forward(self):
+        with torch.inference_mode():
+            self.model(input_ids=self.ids, logits_to_keep=1, use_cache=False)
+
+    def step(self):
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._forward()
+
+
+class ChunkedPrefillRunner:
+    """Times one batch-1 prompt through `wide.Generator`'s chunked prefill: the prompt cut into ``chunk``-token
+    pieces over a static cache, each replayed from one captured graph (what a serving loop that keeps its graphs
+    across requests gets: no per-prompt capture, any prompt length). The first step captures; the mode says
+    ``eager`` when the capture failed (the Generator warns why)."""
+
+    def __init__(self, model, tokens: int, chunk: int):
+        import wide
+
+        dev = next(model.parameters()).device
+        self.ids = random_ids(model, (1, tokens), device=dev)
+        self.gen = wide.Generator(model, batch_size=1, max_cache_len=-(-tokens // chunk) * chunk, chunk=chunk,
+                                  whole_from=None, graphs=dev.type == "cuda")
+        self.step()  # the first call captures the chunk's graph
+        self.mode = f"chunks of {chunk}, " + ("graph" if self.gen._chunks[chunk].graph is not None else "eager")
+
+    def step(self):
+        with torch.inference_mode():
+            self.gen._prefill(self.ids)
+
+
+class DecodeRunner:
+    """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly."""
+
+    def __init__(self, model, batch: int, context: int, graphs: bool, attn_ctx: Callable = contextlib.nullcontext):
+        self.model, self.batch, self.context = model, batch, context
+        self.attn_ctx = attn_ctx
+        dev = next(model.parameters()).device
+        self.ids = random_ids(self.model, (batch, 1), device=dev)
+        self.mode = "eager"
+        self.graph = None
+        if graphs and dev.type == "cuda":
+            try:
+                self._capture(dev)
+                self.mode = "graph"
+            except Exception as err:  # noqa: BLE001 - report and fall back
+                self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
+                self.graph = None
+        if self.graph is None:
+            self._prefill_dynamic(dev)
+
+    def _prefill_dynamic(self, dev):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        prompt = random_ids(self.model, (self.batch, self.context), device=dev)
+        with torch.inference_mode():
+            self.model(input_ids=prompt, **{cache_kwarg(self.model): self.cache}, use_cache=True, logits_to_keep=1)
+
+    def _capture(self, dev):
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.model.config, max_cache_len=self.context + 8)
+        prompt = random_ids(self.model, (self.batch, self.context), device=dev)
+        pos = torch.tensor([self.context], device=dev)
+        with torch.inference_mode():
+            self.model(input_ids=prompt, **{cache_kwarg(self.model): cache}, use_cache=True, logits_to_keep=1,
+                       cache_position=torch.arange(self.context, device=dev))
+            rewind = static_rewind(cache, self.context)
+
+            def decode_step():
+                self.model(input_ids=self.ids, **{cache_kwarg(self.model): cache}, use_cache=True,
+                           cache_position=pos)
+                rewind()  # the next replay writes the same slot: the context stays fixed
+
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), self.attn_ctx():
+                for _ in range(3):  # compiles the Triton kernels and fills the allocator before capture
+                    decode_step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), self.attn_ctx():
+                decode_step()
+        self.cache, self.graph = cache, graph
+
+    def step(self):
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        with torch.inference_mode(), self.attn_ctx():
+            self.model(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
+            self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
+
+
+def static_rewind(cache, length: int) -> Callable[[], None]:
+    """A function that sets a static cache's write position back to ``length`` with device ops only.
+
+    transformers >= 5 static layers keep their own ``cumulative_length`` device counter and advance it
+    on every update (older ones write at the ``cache_position`` given): a captured decode step that
+    did not rewind it would write one slot further on each replay and run off the cache's end.
+    """
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def rewind() -> None:
+        for c in counters:
+            c.fill_(length)
+    rewind()
+    return rewind

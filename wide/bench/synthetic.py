@@ -1,0 +1,77 @@
+"""Synthetic masks for the bench: ``random`` routers set to a rate, or untrained linear / low-rank routers whose
+execute biases are calibrated to it (a trained router's kernels and launches, at a chosen rate)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def set_synthetic_rate(model, router: str, sparsity: float, tokens: int = 512) -> None:
+    """Make the bench's synthetic routers skip ``sparsity``: ``random`` routers take it as their rate, untrained
+    linear / low-rank ones get their execute biases calibrated to it (`calibrate_routers`)."""
+    import wide
+
+    if router == "random":
+        for wl in wide.modeling.runtime_of(model).layers:
+            for r in wl.routers.values():
+                r.rate = sparsity
+    else:
+        calibrate_routers(model, sparsity, tokens=tokens)
+
+
+@torch.no_grad()
+def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2, seed: int = 0) -> None:
+    """Make untrained linear / low-rank routers skip ``sparsity`` of their (token, group) pairs (bench only).
+
+    `wide bench --router lowrank` times the router a trained model would run (its kernels and launches), with
+    random weights: each router's execute bias is shifted by the ``sparsity`` quantile of its margins per group,
+    over the residual streams of one prompt of ``tokens`` random ids (``passes`` times, as each layer's input
+    depends on the routers before it), and its expected rate (the kernels' density hint) set to ``sparsity``.
+    The rates it then realizes are the bench's "realized" columns.
+    """
+    import dataclasses
+
+    import wide
+
+    layers = wide.modeling.runtime_of(model).layers
+    routers = [(i, k, r) for i, wl in enumerate(layers) for k, r in wl.routers.items()]
+    for _, _, r in routers:
+        bias = _execute_bias(r)
+        if bias is None:
+            raise ValueError(f"--router: {type(r).__name__} has no execute bias to calibrate (linear / lowrank only)")
+        r.spec = dataclasses.replace(r.spec, target_sparsity=float(sparsity))
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen).to(device)
+    for _ in range(passes):
+        seen: dict = {}
+        for i, k, r in routers:
+            real = type(r).execute_decision
+
+            def record(hidden, backend="torch", margin=False, _r=r, _real=real, _key=(i, k)):
+                if _key not in seen:
+                    seen[_key] = hidden.reshape(-1, hidden.shape[-1]).clone()
+                return _real(_r, hidden, backend=backend, margin=margin)
+
+            r.execute_decision = record  # this instance only, for one forward
+        try:
+            model(input_ids=ids, use_cache=False)
+        finally:
+            for _, _, r in routers:
+                del r.execute_decision
+        for i, k, r in routers:
+            if (i, k) not in seen:
+                continue
+            m = r.execute_decision(seen[(i, k)], margin=True).float()  # [tokens, G]
+            q = torch.quantile(m, float(sparsity), dim=0) if sparsity > 0 else m.amin(0) - 1.0
+            _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
+
+
+def _execute_bias(router):
+    """The execute rows' bias (interleaved execute / skip outputs) of a linear or low-rank router, or None."""
+    layer = getattr(router, "up", None)
+    layer = layer if layer is not None else getattr(router, "proj", None)
+    if layer is None or getattr(layer, "bias", None) is None:
+        return None
+    return layer.bias.view(-1, 2)[:, 0]  # a view of the parameter: in-place changes bump its version (the folded
+    # margin cache sees them; `.data` would not)
