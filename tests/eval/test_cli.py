@@ -70,7 +70,7 @@ def test_checkpoint_eval(olmo_cache, tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tasks", "hellaswg"], "did you mean hellaswag"),
+    (["--tasks", "hellaswg"], "Did you mean 'hellaswag'"),
     (["--router", "topk", "--checkpoint", "x.safetensors"], "checkpoint"),
     (["--sparsity", "1.5"], "sparsity"),
     (["--batch-size", "0"], "batch-size"),

