@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -14,21 +14,23 @@ class RouterSpec:
     """Everything a router factory learns about the one router it builds.
 
     Attributes:
-        kind: ``attn`` (query-head groups), ``ffn`` (intermediate channel groups) or ``layer`` (one
-            decision shared by attention and FFN).
+        kind: The router's name in its layer (``WideLayer.routers[kind]``), the policy's slot kind: ``attn``,
+            ``ffn``, ``layer`` for the built-in policies, any name for a plug-in policy.
         layer_idx: Index of the decoder layer.
         num_layers: Number of decoder layers in the model.
         hidden_size: Width D of the residual stream the router reads.
         num_groups: Number of routing groups G.
-        group_size: Units per group (query heads for ``attn``, channels for ``ffn``, 0 for whole sub-layers).
-        target_sparsity: The target skip rate of this router's kind.
+        group_size: Units per group of the gated sub-layer (query heads for attention, channels for the FFN);
+            0 when one decision covers whole sub-layers.
+        target_sparsity: The target skip rate of this router.
         rank: The configured bottleneck rank (``WideConfig.router_rank``).
         group_scores: Lazily computes a ``[G, D]`` non-negative matrix whose product with ``|hidden|``
             estimates each group's output norm (weight-column norms folded with the norm gain); used by
             training-free routers. ``None`` when the policy has no such estimate.
+        gates: The sub-layers (``attn``, ``ffn``) this router's mask gates; empty means ``(kind,)``.
     """
 
-    kind: Literal["attn", "ffn", "layer"]
+    kind: str
     layer_idx: int
     num_layers: int
     hidden_size: int
@@ -37,6 +39,10 @@ class RouterSpec:
     target_sparsity: float
     rank: int = 32
     group_scores: Optional[Callable[[], torch.Tensor]] = None
+    gates: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gates", tuple(self.gates) or (self.kind,))
 
 
 class Router(nn.Module):
