@@ -45,12 +45,38 @@ class RouterSpec:
         object.__setattr__(self, "gates", tuple(self.gates) or (self.kind,))
 
 
+FAST_PATH = ("execute_margin", "execute_decision", "margin_weights")
+"""The eval fast-path methods of `Router`: each must give the decision :meth:`Router.forward` gives."""
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in ``cls``'s MRO that defines attribute ``name``."""
+    return next(k for k in cls.__mro__ if name in k.__dict__)
+
+
 class Router(nn.Module):
     """Base class of all routers.
 
     Subclasses take the ``RouterSpec`` as their first constructor argument (further keyword arguments
     are theirs, settable from YAML through ``init_args``) and return two logits per group.
+
+    The eval fast path (:meth:`execute_margin`, :meth:`execute_decision`, :meth:`margin_weights`; see
+    ``FAST_PATH``) is trusted only where it provably computes what :meth:`forward` does: where it is defined by
+    the class that defines ``forward`` or by a subclass of it. A subclass that overrides ``forward`` below a
+    class with a fast path (say ``LowRankRouter``) gets the forward-derived defaults of `Router` back when the
+    class is made, so its eval and batch-coherent decode decisions follow its own ``forward``; re-declare a
+    method in the subclass's body (``execute_decision = LowRankRouter.execute_decision``) only when the new
+    ``forward`` gives the same decisions.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward = _owner(cls, "forward")
+        for name in FAST_PATH:
+            owner = _owner(cls, name)
+            if owner is not Router and not issubclass(owner, forward):
+                # inherited from a class whose forward this one replaced: it would compute the parent's decision
+                setattr(cls, name, Router.__dict__[name])
 
     deterministic: bool = False
     """True for routers whose decision is the argmax even in training (no Gumbel noise, no gradient)."""
