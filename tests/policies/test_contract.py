@@ -164,3 +164,31 @@ def test_a_policy_overriding_the_old_decide_is_told_what_replaced_it():
             @staticmethod
             def decide(logits, *, tau, training, deterministic=False, noise=None):
                 return logits[..., 0] >= logits[..., 1]
+
+
+def test_overriding_one_mode_leaves_the_others_to_the_defaults(monkeypatch):
+    """A plug-in that changes only the training decision trains with it and keeps the eval fast path, as the
+    Policy docstring says; the eval decision changes only through eval_mask."""
+    from wide.policies import WidthPolicy
+    from wide.routers import LowRankRouter
+
+    class AlwaysTrain(WidthPolicy):
+        def train_mask(self, router, hidden, *, tau, noise_like=None):
+            logits = router(hidden)
+            return logits[..., 0] - logits[..., 0].detach() + 1.0  # executes everything, gradient kept
+
+    model = _routed("width")
+    for layer in model.model.layers:
+        layer.wide.policy = AlwaysTrain()
+    ids = torch.randint(3, 96, (2, 5))
+    model.train()
+    model(ids)
+    assert wide.sparsity_stats(model).realized().item() == 0.0
+    fast = []
+    real = LowRankRouter.execute_decision
+    monkeypatch.setattr(LowRankRouter, "execute_decision", lambda self, *a, **k: fast.append(1) or real(self, *a, **k))
+    model.eval()
+    with torch.no_grad():
+        model(ids)
+    assert len(fast) == 2 * 2  # layers x slots: the argmax through the router's fused path
+    assert 0.0 < wide.sparsity_stats(model).realized().item() < 1.0
