@@ -228,7 +228,7 @@ def test_coherent_decode_keeps_as_many_groups_as_the_rows_run(backend):
     its own decisions."""
     import os
 
-    from wide.modeling.runtime import CoherentDecode
+    from wide.policies import CoherentDecode
 
     if backend == "triton" and not os.environ.get("TRITON_INTERPRET"):
         pytest.skip("interpreter check")
@@ -293,7 +293,7 @@ def test_coherent_decode_routes_later_steps_in_one_launch(monkeypatch):
     and selection in one launch) and give the reference backend's tokens and logits."""
     if not os.environ.get("TRITON_INTERPRET"):
         pytest.skip("interpreter check")
-    import wide.modeling.runtime as rt
+    import wide.policies.coherent as rt
 
     model = tiny_model("llama")
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, ffn_group_size=32, router="lowrank"))

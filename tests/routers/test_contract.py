@@ -1,10 +1,18 @@
-"""One contract test over every registered router and policy."""
+"""One contract test over every registered router and policy; eval decisions follow an overridden forward."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 import wide
 from tests.conftest import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _combos():
@@ -119,3 +127,102 @@ def test_random_router_margin_decides_like_forward():
     assert torch.equal(c.execute_decision(hidden), margin >= 0)
     d = RandomRouter(spec, sparsity=0.3, seed=11)
     torch.testing.assert_close(d.execute_decision(hidden, margin=True), margin)
+
+
+class SkipAll(wide.routers.LowRankRouter):
+    """A plug-in as a new user writes it: subclass the low-rank router and override only ``forward``."""
+
+    def forward(self, hidden):
+        logits = torch.zeros(*hidden.shape[:-1], self.num_groups, 2, device=hidden.device)
+        logits[..., 1] = 1.0  # skip beats execute everywhere
+        return logits
+
+
+def _decode_masks(model, ids, new_tokens):
+    """Every routed layer's group masks of each decode step of a greedy ``generate``."""
+    seen = []
+    hooks = [layer.mlp.register_forward_hook(lambda *_, wl=layer.wide: seen.append(dict(wl.group_mask)))
+             for layer in model.model.layers]
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    for h in hooks:
+        h.remove()
+    return [m for m in seen if next(iter(m.values())).shape[1] == 1]
+
+
+def test_overriding_forward_drops_the_inherited_fast_path():
+    from wide.routers.base import FAST_PATH, Router
+
+    for name in FAST_PATH:
+        assert getattr(SkipAll, name) is getattr(Router, name), name
+    assert wide.routers.LowRankRouter.execute_decision is not Router.execute_decision  # the built-in keeps its own
+
+    class Again(SkipAll):  # below the override, nothing changes
+        pass
+
+    class Faster(wide.routers.MLPRouter):  # a fast path defined below forward's class is trusted
+        def execute_margin(self, hidden):
+            return super().execute_margin(hidden) + 0.0
+
+    assert Again.execute_decision is Router.execute_decision
+    assert Faster.execute_margin is not Router.execute_margin
+
+
+@pytest.mark.parametrize("kernels", [None, "torch"], ids=["reference", "kernels-torch"])
+def test_eval_follows_an_overridden_forward(kernels):
+    """Eval decisions, per token and batch-coherent, come from the plug-in's forward, not the parent's fast path."""
+    model = tiny_model("llama", num_hidden_layers=2)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router=SkipAll, attn_group_size=2, ffn_group_size=32))
+    model.eval()
+    if kernels:
+        wide.enable_kernels(model, kernels)
+    ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+    stats = wide.sparsity_stats(model)
+    assert stats.realized().item() == 1.0 and all(stats.skip[k].eq(1.0).all() for k in ("attn", "ffn"))
+    steps = _decode_masks(model, ids, 3)  # per-token decode steps
+    assert steps and all(not m.any() for step in steps for m in step.values())
+    wide.set_coherent_decode(model, 1)
+    steps = _decode_masks(model, ids, 3)
+    # every row skips everything under its own decision: the shared selection keeps its minimum, one group
+    # (ties to the lowest index); the parent's fast path would keep about half
+    assert steps
+    for step in steps:
+        for mask in step.values():
+            assert mask.shape == (3, 1, 4) and mask.dtype == torch.bool
+            assert torch.equal(mask, torch.tensor([True, False, False, False]).expand(3, 1, 4))
+    assert model.model.layers[0].wide.routers["ffn"].margin_weights() is None  # no one-launch coherent route
+
+
+def test_eval_follows_an_overridden_forward_on_triton():
+    """The same on the triton backend (CPU interpreter): no `router_margin` / `coherent_route` launch decides."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, wide
+        sys.path.insert(0, %r)
+        import wide.kernels, wide.policies.coherent as coherent
+        from tests.conftest import tiny_model
+        from tests.routers.test_contract import SkipAll, _decode_masks
+        calls = []
+        for mod, name in ((wide.kernels, "router_margin"), (coherent, "coherent_route")):
+            real = getattr(mod, name)
+            setattr(mod, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+        m = tiny_model("llama", num_hidden_layers=2)
+        wide.apply_wide(m, wide.WideConfig(sparsity=0.5, router=SkipAll, attn_group_size=2, ffn_group_size=32))
+        wide.enable_kernels(m.eval(), "triton")
+        ids = torch.randint(3, 96, (3, 6))
+        with torch.no_grad():
+            m(ids)
+        assert wide.sparsity_stats(m).realized().item() == 1.0
+        assert all(not x.any() for s in _decode_masks(m, ids, 3) for x in s.values())
+        wide.set_coherent_decode(m, 1)
+        steps = _decode_masks(m, ids, 3)
+        assert steps and all(torch.equal(x[:, 0], torch.tensor([True, False, False, False]).expand(3, 4))
+                             for s in steps for x in s.values())
+        assert not calls, calls
+        print("OK")
+        """
+    ) % str(ROOT)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

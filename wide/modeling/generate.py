@@ -30,6 +30,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from wide.policies.coherent import restart_schedule
+
 
 def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_cache_len: Optional[int],
            check_every: int) -> None:
@@ -309,8 +311,7 @@ class Generator:
     def _restart_state(self) -> None:
         """A new sequence: the coherent selection's schedule starts again (the decode graph's state, in place)."""
         for state in self._keep:
-            if state.get("step") is not None:
-                state["step"].zero_()
+            restart_schedule(state)
 
     # ---- the loop -------------------------------------------------------------------------------
 

@@ -186,7 +186,7 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
         wl.backend = backend
         wl.kernels_enabled = True
         attn = get_path(layer, arch.attn)
-        if "attn" in wl.slots or "layer" in wl.slots:  # the layer policy stores its mask under both kinds
+        if "attn" in wl.gating:
             for name, mode in ((arch.q_proj, "mn"), (arch.o_proj, "k")):
                 lin = getattr(attn, name)
                 if type(lin) is nn.Linear:
@@ -202,7 +202,7 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
                 object.__setattr__(q, "early", tuple(early))
                 wl.early_kv = True
         mlp = get_path(layer, arch.mlp)
-        if ("ffn" in wl.slots or "layer" in wl.slots) and not isinstance(mlp, RoutedMLP):
+        if "ffn" in wl.gating and not isinstance(mlp, RoutedMLP):
             parent, _, attr = arch.mlp.rpartition(".")
             setattr(get_path(layer, parent) if parent else layer, attr, RoutedMLP(mlp, wl, arch))
     return model
@@ -223,13 +223,13 @@ def set_overlap_routing(model: nn.Module, enabled: bool) -> None:
 def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memory: float = 0.0,
                         keep: str = "router", keep_scale: float = 1.0) -> None:
     """Turns batch-coherent decode routing on (``refresh_every`` steps, EMA ``memory``, ``keep`` rule and its
-    ``keep_scale``: see `wide.modeling.runtime.CoherentDecode`) or off (``None``)."""
-    from wide.modeling.runtime import CoherentDecode
+    ``keep_scale``: see `wide.policies.CoherentDecode`) or off (``None``)."""
+    from wide.policies.coherent import CoherentDecode
 
     rt = runtime_of(model)
     rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory, keep, keep_scale)
     for wl in rt.layers:
-        wl._coherent = {}
+        wl.reset_decode_state()
 
 
 def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:

@@ -8,14 +8,18 @@ import torch
 from torch import nn
 
 from wide.modeling.runtime import WideRuntime
-from wide.policies.base import Policy, RouterSlot
+from wide.policies.base import SUBLAYERS, Policy, RouterSlot
+from wide.policies.coherent import selection_groups
 
 
 class WideLayer(nn.Module):
-    """Holds one decoder layer's routers (``routers[kind]``) and turns the residual into masks.
+    """Holds one decoder layer's routers (``routers[kind]``, one per policy slot) and the masks they produced.
 
-    The masks live only for the current forward: ``head_mask [B, T, Hq]`` for attention and
-    ``group_mask["ffn"] [B, T, G]`` for the FFN (float 0/1, straight-through in training).
+    The masks live only for the current forward, per gated sub-layer: ``group_mask["attn"] [B, T, G]`` (and its
+    per-head expansion ``head_mask``) and ``group_mask["ffn"]`` (``ffn_mask``): float 0/1, straight-through in
+    training, bool in eval. Which router gates which sub-layer, and where it reads the residual, the policy's
+    slots declare (`wide.policies.RouterSlot`); how a router's input becomes its mask, the policy decides
+    (`wide.policies.Policy.mask`).
     """
 
     def __init__(self, layer_idx: int, slots: list[RouterSlot], routers: dict[str, nn.Module], policy: Policy,
@@ -23,6 +27,8 @@ class WideLayer(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.slots = {s.kind: s for s in slots}
+        self.gating = {sub: s for s in slots for sub in s.gates}  # gated sub-layer -> the slot whose mask gates it
+        self._reads = {sub: [s for s in slots if s.reads == sub] for sub in SUBLAYERS}
         self.routers = nn.ModuleDict(routers)
         self.policy = policy
         object.__setattr__(self, "runtime", runtime)  # shared, not a submodule
@@ -30,44 +36,34 @@ class WideLayer(nn.Module):
         self._head_src: Optional[tuple[torch.Tensor, int]] = None  # (group mask, heads per group)
         self._head_mask: Optional[torch.Tensor] = None
         self.ffn_mask: Optional[torch.Tensor] = None
-        self.forced: dict[str, torch.Tensor] = {}
+        self.forced: dict[str, torch.Tensor] = {}  # per slot kind: a mask that replaces the router's (tests, analysis)
         self.kernels_enabled = False
         self.backend = "auto"
         self._kernel_masks: dict[str, tuple] = {}
         self._coherent: dict[str, dict] = {}
+        self.reset_decode_state()
         self.routed_weights: dict[str, int] = {}  # weight elements each kind's routing covers (set by apply_wide)
         self.early_kv = False  # enable_kernels: the routed q projection can run K/V first (`EarlyLinear`)
         self._pending: Optional[torch.cuda.Stream] = None  # the side stream still deciding this step's mask
         self._heads_zeroed = False  # this forward's attention output is zero in every skipped head (see take_...)
 
+    def decides_at(self, sublayer: str) -> bool:
+        """Whether some router of this layer reads the input of ``sublayer`` (``attn`` or ``ffn``)."""
+        return bool(self._reads[sublayer])
+
+    def reset_decode_state(self) -> None:
+        """Forgets the routers' batch-coherent decode state (a new sequence, or new settings)."""
+        self._coherent = {kind: {} for kind in self.slots}
+
     def _decide(self, kind: str, residual: torch.Tensor) -> torch.Tensor:
+        """The mask ``[B, T, G]`` of slot ``kind`` for ``residual [B, T, D]``: forced, else the policy's decision."""
         if kind in self.forced:
             mask = self.forced[kind].to(residual.device, torch.float32)
             return mask.expand(*residual.shape[:2], self.slots[kind].num_groups)
-        router = self.routers[kind]
-        coherent = self.runtime.coherent
-        backend = self.backend if self.use_kernels() else "torch"
-        if coherent is not None and not self.training and residual.shape[1] == 1:
-            state = self._coherent.setdefault(kind, {})
-            weights = router.margin_weights() if backend != "torch" else None
-            if weights is not None and state.get("ema") is not None and state["ema"].shape == (router.num_groups,):
-                # a linear / low-rank router on the fused backend, past the first step: margins and selection
-                # in one launch
-                return coherent.route(state, residual, weights, router.expected_sparsity(), backend=backend)
-            margin = router.execute_decision(residual, backend=backend, margin=True)
-            return coherent.select(state, margin, router.expected_sparsity(), backend=backend)
-        builtin = type(self.policy).decide is Policy.decide  # plug-in policies keep their own decide
-        if builtin and not self.training:
-            # eval: the argmax (ties execute) from the execute-minus-skip margin, kept as a bool mask that
-            # the fused kernels take as is and the reference path converts where it multiplies
-            return router.execute_decision(residual, backend=backend)
-        logits = router(residual)
-        deterministic = getattr(router, "deterministic", False)
-        extra = {}
-        if builtin and self.training and not deterministic:
-            extra["noise"] = self.runtime.gumbel_like(logits)  # rank-consistent when the task seeded it
-        return self.policy.decide(logits, tau=self.runtime.tau, training=self.training, deterministic=deterministic,
-                                  **extra)
+        rt = self.runtime
+        return self.policy.mask(self.routers[kind], residual, training=self.training, tau=rt.tau,
+                                noise_like=rt.gumbel_like, backend=self.backend if self.use_kernels() else "torch",
+                                coherent=rt.coherent, state=self._coherent[kind])
 
     def kernel_mask(self, kind: str):
         """``(bool mask [B, T, G], RoutingPlan)`` of the current forward, built once and shared by paired ops."""
@@ -77,27 +73,17 @@ class WideLayer(nn.Module):
 
             mask = self.group_mask[kind]
             mask = mask if mask.dtype == torch.bool else mask > 0.5
-            self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind), self._coherent_groups(mask)))
+            self._kernel_masks[kind] = (mask, make_plan(mask, self._density_hint(kind),
+                                                           selection_groups(self._coherent.values(), mask)))
         return self._kernel_masks[kind]
-
-    def _coherent_groups(self, mask: torch.Tensor):
-        """The group list batch-coherent decode wrote with the selection ``mask`` is a view of, else None."""
-        for state in self._coherent.values():
-            sel, groups = state.get("selection"), state.get("groups")
-            if groups is not None and sel is not None and mask.shape[-1] == sel.shape[0] and \
-                    mask.data_ptr() == sel.data_ptr():
-                return groups
-        return None
 
     def _density_hint(self, kind: str) -> Optional[float]:
         # the router's expected rate lets the kernels pick a path with no host sync; forced masks
         # (tests, analysis) have no router behind them and are measured instead
-        if self.forced:
+        slot = self.gating.get(kind)
+        if self.forced or slot is None:
             return None
-        source = kind if kind in self.routers else "layer"  # the layer policy's one router drives both kinds
-        if source not in self.routers:
-            return None
-        router = self.routers[source]
+        router = self.routers[slot.kind]
         return min(1.0, max(0.0, 1.0 - router.expected_sparsity()))
 
     def use_kernels(self) -> bool:
@@ -160,7 +146,7 @@ class WideLayer(nn.Module):
         self._head_mask = None
 
     def route_attention(self, residual: torch.Tensor) -> None:
-        """Called with the pre-attention-norm residual ``[B, T, D]``."""
+        """Called with the pre-attention-norm residual ``[B, T, D]``: starts the layer's forward."""
         self.join_routing()
         self._set_heads(None)
         self._heads_zeroed = False
@@ -168,43 +154,36 @@ class WideLayer(nn.Module):
         self.group_mask = {}
         self._kernel_masks = {}
         if residual.shape[1] > 1:
-            self._coherent = {}  # a prefill starts a new sequence: forget the decode-time selection
-        kind = "layer" if "layer" in self.slots else "attn" if "attn" in self.slots else None
-        if kind is None:
+            self.reset_decode_state()  # a prefill starts a new sequence: forget the decode-time selection
+        slots = self._reads["attn"]
+        if not slots:
             return
         side = self._overlap_stream(residual)
         if side is None:
-            self._route_attention(kind, residual)
+            self._route(slots, residual)
             return
         # the router reads the residual after the work queued so far; the masks, plans and kernels that read its
         # decisions come after `join_routing`
         side.wait_stream(torch.cuda.current_stream(residual.device))
         with torch.cuda.stream(side):
-            self._route_attention(kind, residual)
+            self._route(slots, residual)
         self._pending = side
-
-    def _route_attention(self, kind: str, residual: torch.Tensor) -> None:
-        if kind == "layer":
-            mask = self._decide("layer", residual)  # [B, T, 1]
-            self.group_mask = {"attn": mask, "ffn": mask}
-            self._set_heads(mask)  # [B, T, 1] broadcasts over the heads
-            self.ffn_mask = mask
-            for k in ("attn", "ffn"):
-                self.runtime.record(self.layer_idx, k, mask)
-            return
-        mask = self._decide("attn", residual)
-        self.group_mask["attn"] = mask
-        self._set_heads(mask, self.slots["attn"].group_size)
-        self.runtime.record(self.layer_idx, "attn", mask)
 
     def route_ffn(self, residual: torch.Tensor) -> None:
         """Called with the pre-FFN-norm residual ``[B, T, D]``."""
         self.join_routing()
-        if "ffn" in self.slots:
-            mask = self._decide("ffn", residual)
-            self.group_mask["ffn"] = mask
-            self.ffn_mask = mask
-            self.runtime.record(self.layer_idx, "ffn", mask)
+        self._route(self._reads["ffn"], residual)
+
+    def _route(self, slots: list[RouterSlot], residual: torch.Tensor) -> None:
+        for slot in slots:
+            mask = self._decide(slot.kind, residual)
+            for sub in slot.gates:
+                self.group_mask[sub] = mask
+                if sub == "attn":
+                    self._set_heads(mask, slot.group_size or 1)  # group size 0: [B, T, 1] broadcasts over the heads
+                else:
+                    self.ffn_mask = mask
+                self.runtime.record(self.layer_idx, sub, mask)
 
     def clear(self) -> None:
         self.join_routing()

@@ -131,12 +131,11 @@ def apply_wide(model: nn.Module, config: Optional[WideConfig] = None) -> nn.Modu
         slots = policy.slots(shape, cfg)
         routers = {}
         for slot in slots:
-            target = cfg.sparsity if slot.kind == "layer" else cfg.target_for(slot.kind)
             scores = None
-            if slot.kind in ("attn", "ffn"):
-                scores = _group_scores(layer, arch, slot.kind, slot.group_size, shape.head_dim)
+            if len(slot.gates) == 1 and slot.group_size:
+                scores = _group_scores(layer, arch, slot.gates[0], slot.group_size, shape.head_dim)
             spec = RouterSpec(slot.kind, shape.layer_idx, n, shape.hidden_size, slot.num_groups, slot.group_size,
-                              target, cfg.router_rank, scores)
+                              policy.target_sparsity(slot, cfg), cfg.router_rank, scores, slot.gates)
             routers[slot.kind] = _build_router(cfg, spec).to(device=ref.device, dtype=torch.float32)
         wl = WideLayer(shape.layer_idx, slots, routers, policy, runtime).train(model.training)
         wl.routed_weights = {"attn": 2 * shape.num_heads * shape.head_dim * shape.hidden_size,
@@ -147,11 +146,10 @@ def apply_wide(model: nn.Module, config: Optional[WideConfig] = None) -> nn.Modu
         object.__setattr__(attn, "_wide_layer", wl)
         get_path(layer, arch.attn_norm).register_forward_pre_hook(
             functools.partial(_route_hook, wl, "attn"), with_kwargs=True)
-        kinds = {s.kind for s in slots}
-        if kinds & {"ffn", "layer"}:
+        if "ffn" in wl.gating:
             mlp = get_path(layer, arch.mlp)
             setattr(mlp, arch.act, MaskedActivation(getattr(mlp, arch.act), wl).train(model.training))
-        if "ffn" in kinds:
+        if wl.decides_at("ffn"):
             get_path(layer, arch.ffn_norm).register_forward_pre_hook(
                 functools.partial(_route_hook, wl, "ffn"), with_kwargs=True)
 

@@ -18,4 +18,4 @@ class LayerPolicy(Policy):
             raise ValueError(f"targets: the 'layer' policy gates whole layers and needs targets='all', got {cfg.targets!r}")
 
     def slots(self, shape: LayerShape, cfg) -> list[RouterSlot]:
-        return [RouterSlot("layer", 1, 0)]
+        return [RouterSlot("layer", 1, 0, gates=("attn", "ffn"))]

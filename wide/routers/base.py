@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -14,21 +14,23 @@ class RouterSpec:
     """Everything a router factory learns about the one router it builds.
 
     Attributes:
-        kind: ``attn`` (query-head groups), ``ffn`` (intermediate channel groups) or ``layer`` (one
-            decision shared by attention and FFN).
+        kind: The router's name in its layer (``WideLayer.routers[kind]``), the policy's slot kind: ``attn``,
+            ``ffn``, ``layer`` for the built-in policies, any name for a plug-in policy.
         layer_idx: Index of the decoder layer.
         num_layers: Number of decoder layers in the model.
         hidden_size: Width D of the residual stream the router reads.
         num_groups: Number of routing groups G.
-        group_size: Units per group (query heads for ``attn``, channels for ``ffn``, 0 for whole sub-layers).
-        target_sparsity: The target skip rate of this router's kind.
+        group_size: Units per group of the gated sub-layer (query heads for attention, channels for the FFN);
+            0 when one decision covers whole sub-layers.
+        target_sparsity: The target skip rate of this router.
         rank: The configured bottleneck rank (``WideConfig.router_rank``).
         group_scores: Lazily computes a ``[G, D]`` non-negative matrix whose product with ``|hidden|``
             estimates each group's output norm (weight-column norms folded with the norm gain); used by
             training-free routers. ``None`` when the policy has no such estimate.
+        gates: The sub-layers (``attn``, ``ffn``) this router's mask gates; empty means ``(kind,)``.
     """
 
-    kind: Literal["attn", "ffn", "layer"]
+    kind: str
     layer_idx: int
     num_layers: int
     hidden_size: int
@@ -37,6 +39,19 @@ class RouterSpec:
     target_sparsity: float
     rank: int = 32
     group_scores: Optional[Callable[[], torch.Tensor]] = None
+    gates: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gates", tuple(self.gates) or (self.kind,))
+
+
+FAST_PATH = ("execute_margin", "execute_decision", "margin_weights")
+"""The eval fast-path methods of `Router`: each must give the decision :meth:`Router.forward` gives."""
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class in ``cls``'s MRO that defines attribute ``name``."""
+    return next(k for k in cls.__mro__ if name in k.__dict__)
 
 
 class Router(nn.Module):
@@ -44,7 +59,24 @@ class Router(nn.Module):
 
     Subclasses take the ``RouterSpec`` as their first constructor argument (further keyword arguments
     are theirs, settable from YAML through ``init_args``) and return two logits per group.
+
+    The eval fast path (:meth:`execute_margin`, :meth:`execute_decision`, :meth:`margin_weights`; see
+    ``FAST_PATH``) is trusted only where it provably computes what :meth:`forward` does: where it is defined by
+    the class that defines ``forward`` or by a subclass of it. A subclass that overrides ``forward`` below a
+    class with a fast path (say ``LowRankRouter``) gets the forward-derived defaults of `Router` back when the
+    class is made, so its eval and batch-coherent decode decisions follow its own ``forward``; re-declare a
+    method in the subclass's body (``execute_decision = LowRankRouter.execute_decision``) only when the new
+    ``forward`` gives the same decisions.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward = _owner(cls, "forward")
+        for name in FAST_PATH:
+            owner = _owner(cls, name)
+            if owner is not Router and not issubclass(owner, forward):
+                # inherited from a class whose forward this one replaced: it would compute the parent's decision
+                setattr(cls, name, Router.__dict__[name])
 
     deterministic: bool = False
     """True for routers whose decision is the argmax even in training (no Gumbel noise, no gradient)."""
