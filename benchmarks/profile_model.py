@@ -18,7 +18,7 @@ def main():
     args = ap.parse_args()
     import wide
     from wide.bench import DecodeRunner, build_model
-    from wide.checkpoint import load_trained, read_metadata
+    from wide.io.checkpoint import load_trained, read_metadata
     from wide.modeling.inference import enable_kernels, set_coherent_decode
 
     model = build_model(args.model, None, "cuda", torch.bfloat16)

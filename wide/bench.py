@@ -384,7 +384,7 @@ def run(args) -> list[dict]:
         dense_variants[b] = times
 
     if args.checkpoint:
-        from wide.checkpoint import load_trained, read_metadata
+        from wide.io.checkpoint import load_trained, read_metadata
 
         cfg = read_metadata(args.checkpoint)["wide_config"]
         wide.apply_wide(model, cfg)
@@ -639,7 +639,7 @@ def quality_main(args) -> int:
     model = build_model(args.model, args.layers, args.device, dtype)
     tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
     if args.checkpoint:
-        from wide.checkpoint import load_trained, read_metadata
+        from wide.io.checkpoint import load_trained, read_metadata
 
         wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
         load_trained(model, args.checkpoint)
