@@ -59,11 +59,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def describe_routing(cfg: Optional[WideConfig]) -> str:
-    """Short method label: ``dense``, ``width/lowrank``, ``layer/lowrank``, ``width/topk`` ..."""
+    """Short method label: ``dense``, ``width/lowrank``, ``layer/lowrank``, ``width/topk``, ``width/MyRouter``
+    (a plug-in router given by class path: its class name) ..."""
     if cfg is None:
         return "dense"
-    router = cfg.router if isinstance(cfg.router, str) else cfg.to_dict()["router"].rsplit(".", 1)[-1]
-    return f"{cfg.granularity}/{router}"
+    if isinstance(cfg.router, str):
+        return f"{cfg.granularity}/{cfg.router}"
+    return f"{cfg.granularity}/{cfg.to_dict()['router']['class_path'].rsplit('.', 1)[-1]}"
 
 
 def load_model(
