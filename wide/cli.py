@@ -52,10 +52,7 @@ class WideArgumentParser(LightningArgumentParser):
             raise ValueError(reported.group(1)) from None
         for m in self._CLASS_PATH.finditer(message):
             keys = self._KEY.findall(message, 0, m.start())
-            try:
-                import_class_path(m.group(1), field=keys[-1] if keys else "class_path")
-            except ValueError as err:
-                raise ValueError(str(err)) from None
+            import_class_path(m.group(1), field=keys[-1] if keys else "class_path")  # raises for the bad one
         super().error(message, ex)
 
 
