@@ -213,7 +213,7 @@ def check_checkpoint(out: Path, model: str, name: str, steps: int) -> None:
     from transformers import AutoModelForCausalLM
 
     import wide
-    from wide.checkpoint import load_trained, read_metadata
+    from wide.io.checkpoint import load_trained, read_metadata
 
     path = out / name / "wide" / "routers.safetensors"
     meta = read_metadata(path)

@@ -163,7 +163,7 @@ _realbench)
   export CUDA_VISIBLE_DEVICES=${REALBENCH_GPU:-0}
   ck=$(python3 -c '
 import glob
-from wide.checkpoint import read_metadata
+from wide.io.checkpoint import read_metadata
 for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors")):
     meta = read_metadata(p)
     c = meta["wide_config"]

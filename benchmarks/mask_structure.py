@@ -73,7 +73,7 @@ def load_trained_model(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from wide.assets import resolve_model
-    from wide.checkpoint import load_trained, read_metadata
+    from wide.io.checkpoint import load_trained, read_metadata
 
     path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)

@@ -19,7 +19,7 @@ def main():
     import wide
     from wide.bench.models import build_model
     from wide.bench.runners import DecodeRunner
-    from wide.checkpoint import load_trained, read_metadata
+    from wide.io.checkpoint import load_trained, read_metadata
     from wide.modeling.inference import enable_kernels, set_coherent_decode
 
     model = build_model(args.model, None, "cuda", torch.bfloat16)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import wide
-from wide.checkpoint import save_trained
+from wide.io.checkpoint import save_trained
 from wide.cli import main
 
 CFG = dict(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32)
@@ -33,7 +33,7 @@ def _checkpoint(tiny_model_dir, tmp_path, lora: bool):
 
 @pytest.mark.parametrize("lora", [False, True], ids=["calibrate", "lora"])
 def test_export_writes_a_folder_that_loads_with_the_checkpoint_logits(tiny_model_dir, tmp_path, capsys, lora):
-    from wide.eval.loading import load_model
+    from wide.io.loading import load_model
 
     ckpt = _checkpoint(tiny_model_dir, tmp_path, lora)
     out = tmp_path / "new" / "exported"  # parents made

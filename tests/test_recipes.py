@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import wide
-from wide.checkpoint import load_trained, read_metadata
+from wide.io.checkpoint import load_trained, read_metadata
 from wide.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """wide: token-level dynamic width pruning (WIDE) for Hugging Face causal LMs, on PyTorch Lightning."""
 
 from wide.config import WideConfig
+from wide.io import export, load
 from wide.modeling import (
     ARCHITECTURES,
     SparsityStats,
@@ -12,7 +13,7 @@ from wide.modeling import (
 )
 from wide.modeling.fuse import fuse_glue, unfuse_glue
 from wide.modeling.generate import Generator, generate
-from wide.modeling.inference import enable_kernels, export, load, set_coherent_decode, set_overlap_routing
+from wide.modeling.inference import enable_kernels, set_coherent_decode, set_overlap_routing
 from wide.policies import POLICIES, Policy, register_policy
 from wide.routers import ROUTERS, Router, RouterSpec, register_router
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from typing import Callable, Optional
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # name -> "module:function" taking argv; imported lazily so `wide fit` does not pay for them
 SUBCOMMANDS: dict[str, str] = {
@@ -31,6 +32,28 @@ TRAINER_DEFAULTS = {
     ],
     "log_every_n_steps": 5,
 }
+
+
+class WideArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, naming a plug-in ``class_path`` that cannot be imported in one line."""
+
+    _CLASS_PATH = re.compile(r"class_path'?:?=?\s*'([A-Za-z_][\w.]*)'")
+    _KEY = re.compile(r'Parser key "([^"]+)"')
+    _REPORTED = re.compile(r"^[\s-]*([\w.]+: class_path '[^']*' cannot be imported .*)$", re.M)
+
+    def error(self, message: str, ex: Optional[Exception] = None):
+        # jsonargparse reports such a class_path as a nested union error (usage, then a dozen lines that hide
+        # the import error): raise one ValueError naming it, which `main` prints as one line. The parsers of
+        # nested classes report first and the outer ones wrap their message: keep the innermost line
+        from wide.registry import import_class_path
+
+        reported = self._REPORTED.search(message)
+        if reported:
+            raise ValueError(reported.group(1)) from None
+        for m in self._CLASS_PATH.finditer(message):
+            keys = self._KEY.findall(message, 0, m.start())
+            import_class_path(m.group(1), field=keys[-1] if keys else "class_path")  # raises for the bad one
+        super().error(message, ex)
 
 
 class WideCLI(LightningCLI):
@@ -94,6 +117,7 @@ def run_cli(args: Optional[list[str]] = None, run: bool = True) -> WideCLI:
         WideTask,
         TextDataModule,
         subclass_mode_model=True,
+        parser_class=WideArgumentParser,
         parser_kwargs={"parser_mode": "omegaconf"},
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Union
 
+from wide.registry import import_class_path
 from wide.routers.base import Router, RouterSpec
 
 TARGETS = ("all", "attention", "ffn")
@@ -118,7 +119,7 @@ class WideConfig:
             from wide.routers import ROUTERS
 
             if router not in ROUTERS:
-                data["router"] = _import(router)
+                data["router"] = import_class_path(router, field="router")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(data) - known
         if unknown:
@@ -145,12 +146,5 @@ def _router_to_json(router: Any) -> Any:
 def _router_from_json(data: dict[str, Any]) -> Any:
     import functools
 
-    cls = _import(data["class_path"])
+    cls = import_class_path(data["class_path"], field="router")
     return functools.partial(cls, **data.get("init_args", {})) if data.get("init_args") else cls
-
-
-def _import(path: str) -> Any:
-    import importlib
-
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)

@@ -73,9 +73,7 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``wide export``; returns the exit status."""
     argv = list(sys.argv[2:] if argv is None else argv)
     args = export_parser().parse_args(argv)
-    import wide
-    from wide.checkpoint import read_metadata
-    from wide.eval.loading import load_model
+    from wide.io import export, load_model, read_metadata
 
     out = Path(args.out).expanduser().resolve()
     try:
@@ -89,7 +87,7 @@ def export_main(argv: Optional[Sequence[str]] = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
-            wide.export(model, tmp, tokenizer=loaded.tokenizer)
+            export(model, tmp, tokenizer=loaded.tokenizer)
             info = {k: loaded.info[k] for k in ("model", "model_path", "method", "routing", "dtype")}
             info["checkpoint"] = {k: v for k, v in (loaded.info["checkpoint"] or {}).items() if k != "extra"}
             meta = json.loads((tmp / "wide.json").read_text())
@@ -180,7 +178,7 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
         from transformers import AutoTokenizer
 
         import wide
-        from wide.eval.loading import resolve_device, resolve_dtype
+        from wide.io import resolve_device, resolve_dtype
 
         tok = AutoTokenizer.from_pretrained(folder)
         if args.chat and not getattr(tok, "chat_template", None):

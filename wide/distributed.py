@@ -24,12 +24,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-__all__ = ["FSDP2Strategy", "gather_trained_state", "is_trained_name", "shard_model"]
+from wide.io.checkpoint import is_trained_name
 
-
-def is_trained_name(name: str) -> bool:
-    """Whether a parameter name belongs to what `wide` trains and saves (routers, LoRA)."""
-    return ".wide.routers." in f".{name}" or "lora_" in name
+__all__ = ["FSDP2Strategy", "gather_trained_state", "shard_model"]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -43,6 +40,7 @@ def gather_trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Under FSDP2 the parameters are sharded ``DTensor``s and this all-gathers each one (only these, never
     the frozen backbone), so every rank must call it, in the same order; without sharding it is a copy.
+    What ``wide.io.checkpoint.save_trained`` writes (``state=``), which gathers nothing itself.
     """
     _reject_fsdp1(model)
     out = {}

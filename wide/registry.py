@@ -65,3 +65,19 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def import_class_path(path: str, field: str) -> object:
+    """The object a ``package.module.Name`` path names (a plug-in given by ``class_path``).
+
+    Raises:
+        ValueError: One line naming ``field`` and the path when the module or the name cannot be imported.
+    """
+    import importlib
+
+    module, _, name = str(path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:  # ValueError: no module part ("MyRouter")
+        hint = "; install its package or put it on PYTHONPATH" if isinstance(err, ImportError) else ""
+        raise ValueError(f"{field}: class_path {path!r} cannot be imported ({err}){hint}") from None

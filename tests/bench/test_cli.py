@@ -56,7 +56,7 @@ def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     import wide
-    from wide.checkpoint import save_trained
+    from wide.io.checkpoint import save_trained
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     cfg = wide.WideConfig(sparsity=0.4, attn_group_size=2, ffn_group_size=32)

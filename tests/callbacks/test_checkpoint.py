@@ -5,7 +5,7 @@ import torch
 
 from tests.reliability.conftest import fit_args, run_wide
 from wide.callbacks import WideCheckpoint
-from wide.checkpoint import read_metadata
+from wide.io.checkpoint import read_metadata
 
 
 def test_bad_cadence_names_the_argument():

@@ -51,7 +51,7 @@ def test_checkpoint_eval(olmo_cache, tiny_model_dir, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     import wide
-    from wide.checkpoint import save_trained
+    from wide.io.checkpoint import save_trained
 
     cfg = wide.WideConfig(granularity="layer")
     model = wide.apply_wide(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg)

@@ -18,8 +18,9 @@ def test_lm_eval_matches_wide_scoring(olmo_cache, tiny_model_dir, monkeypatch):
     pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import wide
-    from wide.eval import EvalSettings, evaluate, load_model
+    from wide.eval import EvalSettings, evaluate
     from wide.eval.harness import run_lm_eval
+    from wide.io import load_model
 
     loaded = load_model(tiny_model_dir, routing=wide.WideConfig(router="topk", attn_group_size=2, ffn_group_size=32),
                         device="cpu")

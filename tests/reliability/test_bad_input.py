@@ -108,7 +108,7 @@ def test_assets_missing_while_offline(tmp_path, tiny_corpus, capsys, monkeypatch
 
 
 def test_router_checkpoint_of_another_model(tmp_path, tiny_model_dir, tiny_corpus, capsys):
-    from wide.checkpoint import save_trained
+    from wide.io.checkpoint import save_trained
 
     cfg = wide.WideConfig(attn_group_size=2, ffn_group_size=32)
     other = wide.apply_wide(tiny_model("llama", num_hidden_layers=3), cfg)  # one layer more
@@ -129,7 +129,7 @@ def test_router_checkpoint_of_another_model(tmp_path, tiny_model_dir, tiny_corpu
 
 
 def test_stage2_routing_that_contradicts_the_checkpoint(tmp_path, tiny_model_dir):
-    from wide.checkpoint import save_trained
+    from wide.io.checkpoint import save_trained
     from wide.tasks import LoRARecovery
 
     cfg = wide.WideConfig(attn_group_size=2, ffn_group_size=32)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import wide
 from tests.reliability.conftest import (LORA_RECIPE, finish, fit_args, run_wide, run_wide_subprocess,
                                         start_wide_subprocess)
-from wide.checkpoint import load_trained, read_metadata
+from wide.io.checkpoint import load_trained, read_metadata
 
 FSDP2 = '{"class_path": "wide.distributed.FSDP2Strategy"}'
 REL_TOL = 1e-3  # 2 x 2 rows vs 1 x 4 rows, fp32 on CPU: summation order only (see the first test)

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 import wide
 from tests.conftest import tiny_model
 from tests.reliability.conftest import fit_args, run_wide
-from wide.checkpoint import read_metadata, save_trained
+from wide.io.checkpoint import read_metadata, save_trained
 
 RUN = ["--trainer.max_steps", "8", "--wide_checkpoint.every_n_steps", "2", "--trainer.limit_val_batches", "0"]
 
@@ -54,7 +54,7 @@ def test_a_crash_while_writing_leaves_the_previous_file(tmp_path, monkeypatch):
             f.write(b"partial")
         raise KeyboardInterrupt  # what a kill during the write looks like from inside
 
-    monkeypatch.setattr("wide.checkpoint.save_file", dies_halfway)
+    monkeypatch.setattr("wide.io.checkpoint.save_file", dies_halfway)
     with torch.no_grad():
         next(p for n, p in model.named_parameters() if "routers" in n).add_(1.0)
     with pytest.raises(KeyboardInterrupt):

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.reliability.conftest import fit_args, run_wide, run_wide_subprocess
-from wide.checkpoint import read_metadata
+from wide.io.checkpoint import read_metadata
 
 # 200 training tokens = 6 rows of 32 = 3 batches per epoch: 8 steps cross two epoch boundaries
 RUN = ["--trainer.max_steps", "8", "--data.max_train_tokens", "200", "--wide_checkpoint.every_n_steps", "2",

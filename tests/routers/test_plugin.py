@@ -6,7 +6,7 @@ import torch
 
 import wide
 from tests.test_recipes import tiny_args
-from wide.checkpoint import load_trained, read_metadata
+from wide.io.checkpoint import load_trained, read_metadata
 from wide.cli import main
 
 

@@ -29,7 +29,7 @@ def test_checks_read_the_config_only():
 
 
 def test_router_checkpoint_shapes_checked_from_the_config(tmp_path):
-    from wide.checkpoint import save_trained
+    from wide.io.checkpoint import save_trained
 
     routing = wide.WideConfig(attn_group_size=2, ffn_group_size=32)
     path = save_trained(wide.apply_wide(tiny_model("llama"), routing), tmp_path / "r.safetensors", config=routing,

@@ -54,7 +54,7 @@ def run_latency(args) -> list[dict]:
         dense_variants[b] = times
 
     if args.checkpoint:
-        from wide.checkpoint import load_trained, read_metadata
+        from wide.io.checkpoint import load_trained, read_metadata
 
         cfg = read_metadata(args.checkpoint)["wide_config"]
         wide.apply_wide(model, cfg)

@@ -115,7 +115,7 @@ def quality_rows(args) -> list[dict]:
     model = build_model(args.model, args.layers, args.device, dtype)
     tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
     if args.checkpoint:
-        from wide.checkpoint import load_trained, read_metadata
+        from wide.io.checkpoint import load_trained, read_metadata
 
         wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
         load_trained(model, args.checkpoint)

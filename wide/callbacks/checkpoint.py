@@ -11,8 +11,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from wide.checkpoint import check_finite, save_trained
 from wide.distributed import gather_trained_state
+from wide.io.checkpoint import check_finite, save_trained
 
 
 class WideCheckpoint(ModelCheckpoint):

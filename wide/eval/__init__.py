@@ -1,11 +1,10 @@
 """Quality evaluation: perplexity on held-out prose and lm-eval-style zero-shot accuracy.
 
 ``wide eval`` (see :mod:`wide.eval.cli`) loads a dense, training-free routed or trained model
-(:func:`load_model`), runs :func:`evaluate` and writes ``results.json`` + ``results.md``. Realized
+(:func:`wide.io.load_model`), runs :func:`evaluate` and writes ``results.json`` + ``results.md``. Realized
 sparsity is measured next to every score (:class:`SparsityMeter`).
 """
 
-from wide.eval.loading import LoadedModel, load_model
 from wide.eval.loglik import Request, loglikelihoods
 from wide.eval.meter import SparsityMeter, merge_sparsity
 from wide.eval.perplexity import perplexity
@@ -17,14 +16,12 @@ __all__ = [
     "DEFAULT_TASKS",
     "TASKS",
     "EvalSettings",
-    "LoadedModel",
     "Question",
     "Request",
     "SparsityMeter",
     "TaskSpec",
     "evaluate",
     "evaluate_task",
-    "load_model",
     "load_questions",
     "loglikelihoods",
     "merge_sparsity",

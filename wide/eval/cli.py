@@ -113,10 +113,10 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="wide eval: %(message)s")
-    from wide.eval.loading import load_model
     from wide.eval.report import markdown_report
     from wide.eval.runner import EvalSettings, evaluate, write_result
     from wide.eval.tasks import parse_tasks
+    from wide.io.loading import load_model
 
     if args.model and args.model_opt and args.model != args.model_opt:
         parser.error(f"model given twice ({args.model!r} and --model {args.model_opt!r})")

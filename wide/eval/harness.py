@@ -17,8 +17,8 @@ cross-check (``wide eval --lm-eval``) and for any other lm-eval task:
 Example (Python, with ``pip install lm_eval``)::
 
     import lm_eval
-    from wide.eval import load_model
     from wide.eval.harness import RoutedHFLM
+    from wide.io import load_model
 
     loaded = load_model("smollm2-135m", checkpoint="runs/smollm2-135m/calibrate/routers.safetensors")
     lm = RoutedHFLM(loaded, batch_size=32)
@@ -33,9 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from wide.eval.loading import LoadedModel
 from wide.eval.meter import SparsityMeter
 from wide.eval.tasks import TASKS
+from wide.io.loading import LoadedModel
 
 LM_EVAL_CONFIGS = {  # our task -> lm-eval's default config, relative to lm_eval/tasks
     "arc_easy": "arc/arc_easy.yaml",

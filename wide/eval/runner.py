@@ -11,11 +11,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from wide.eval.loading import LoadedModel
 from wide.eval.meter import merge_sparsity
 from wide.eval.perplexity import DEFAULT_WINDOW, perplexity
 from wide.eval.tasks import TASKS
 from wide.eval.zeroshot import evaluate_task
+from wide.io.loading import LoadedModel
 
 FORMAT = "wide-eval/1"
 

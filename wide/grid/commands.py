@@ -51,7 +51,7 @@ def _get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
 
 
 def model_name(spec: GridSpec, cell: Cell) -> str:
-    from wide.eval.loading import DEFAULT_MODEL
+    from wide.io.loading import DEFAULT_MODEL
 
     return str(_get(effective_config(spec, cell, "calibrate"), "model.init_args.model", DEFAULT_MODEL))
 
@@ -70,7 +70,7 @@ def routing_dict(spec: GridSpec, cell: Cell) -> Optional[dict[str, Any]]:
 
 
 def lora_alpha(spec: GridSpec, cell: Cell) -> float:
-    from wide.eval.loading import DEFAULT_LORA_ALPHA
+    from wide.io.adapters import DEFAULT_LORA_ALPHA
 
     return float(_get(effective_config(spec, cell, "lora"), "model.init_args.lora_alpha", DEFAULT_LORA_ALPHA))
 

@@ -391,7 +391,7 @@ def run_stats(run_dir: Path, checkpoint: Path) -> dict[str, Any]:
     """
     import yaml
 
-    from wide.checkpoint import read_metadata
+    from wide.io.checkpoint import read_metadata
 
     meta = read_metadata(checkpoint)
     cfg = {}

@@ -1,4 +1,4 @@
-"""Routed inference: run eval-mode forwards through `wide.kernels`, merge LoRA, export and reload.
+"""Routed inference: run eval-mode forwards through `wide.kernels` (export and reload: `wide.io.folder`).
 
 ``enable_kernels(model)`` turns the reference path (dense compute, masked outputs) into routed
 execution. Per routed layer it:
@@ -20,8 +20,6 @@ change. The kernels run only in eval mode: training always uses the autograd ref
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -137,23 +135,6 @@ class RoutedMLP(nn.Module):
         return down(act(gate(x)) * up(x))
 
 
-def merge_lora(model: nn.Module) -> int:
-    """Merges peft LoRA adapters into their base linears and puts the plain linears back; returns the count."""
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return 0
-    merged = 0
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LoraLayer):
-            module.merge()
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, module.get_base_layer())
-            merged += 1
-    return merged
-
-
 def _routed_layers(model: nn.Module):
     arch: ArchSpec = model.wide_arch
     for layer in get_path(model, arch.layers):
@@ -168,13 +149,15 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
     Also turns off HF ``generate``'s automatic ``torch.compile`` of static-cache decoding (see the comment).
 
     Args:
-        model: A model routed by ``apply_wide``; LoRA adapters, if any, are merged first.
+        model: A model routed by ``apply_wide``; adapters (LoRA), if any, are merged first.
         backend: ``auto`` (triton on CUDA, torch elsewhere), ``torch``, ``gather`` or ``triton``;
             ``None`` takes ``WideConfig.backend``.
     """
+    from wide.io.adapters import merge_adapters
+
     runtime_of(model)
     backend = backend or model.wide_config.backend
-    merge_lora(model)
+    merge_adapters(model)  # the routed kernels replace plain nn.Linear modules only
     gen_cfg = getattr(model, "generation_config", None)
     if gen_cfg is not None:
         # HF generate compiles the whole forward by itself for a static cache on a GPU; over the routed ops'
@@ -230,60 +213,3 @@ def set_coherent_decode(model: nn.Module, refresh_every: Optional[int] = 1, memo
     rt.coherent = None if refresh_every is None else CoherentDecode(refresh_every, memory, keep, keep_scale)
     for wl in rt.layers:
         wl.reset_decode_state()
-
-
-def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
-    """Saves a routed model as a folder that ``wide.load`` restores, ready for ``generate``.
-
-    LoRA adapters are merged into the base weights first. The folder holds the HF config and
-    weights (safetensors, router tensors excluded), ``routers.safetensors`` (routers + metadata:
-    WideConfig and the base model's identity) and the tokenizer when given.
-    """
-    from wide.checkpoint import save_trained
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    merge_lora(model)
-    state = {k: v for k, v in model.state_dict().items() if ".wide." not in f".{k}"}
-    model.save_pretrained(path, state_dict=state, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
-    save_trained(model, path / "routers.safetensors", config=model.wide_config, stage="export")
-    (path / "wide.json").write_text(json.dumps({"wide_config": model.wide_config.to_dict()}, indent=2))
-    return path
-
-
-def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
-         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool | str = False) -> nn.Module:
-    """Restores a folder written by ``export`` onto its HF architecture: routed, eval mode, ready to generate.
-
-    Args:
-        path: The exported folder.
-        dtype: Weights dtype (default: as saved).
-        device: Where to put the model (default: CPU).
-        kernels: Route eval forwards through ``wide.kernels`` (``enable_kernels``).
-        backend: Kernel backend (default: the exported ``WideConfig.backend``).
-        fuse_glue: Compile the RMS norms and RoPE (`wide.modeling.fuse.fuse_glue`): fewer, fused launches
-            per decode step; the first forward at each new shape compiles. ``True`` uses inductor; a string
-            names another ``torch.compile`` backend.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from wide.checkpoint import load_trained, read_metadata
-    from wide.modeling.wrap import apply_wide
-
-    path = Path(path)
-    meta = read_metadata(path / "routers.safetensors")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
-    if device is not None:
-        model.to(device)
-    apply_wide(model, meta["wide_config"])
-    load_trained(model, path / "routers.safetensors")
-    model.eval()
-    if kernels:
-        enable_kernels(model, backend)
-    if fuse_glue:
-        from wide.modeling.fuse import fuse_glue as fuse
-
-        fuse(model, "inductor" if fuse_glue is True else fuse_glue)
-    return model

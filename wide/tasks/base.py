@@ -15,8 +15,7 @@ from torchmetrics import MeanMetric
 
 import wide
 from wide.config import WideConfig
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from wide.io.loading import DEFAULT_MODEL, DTYPES
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
@@ -46,7 +45,7 @@ class WideTask(L.LightningModule):
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
+        model: str = DEFAULT_MODEL,
         routing: Optional[WideConfig] = None,
         lam: float = 20.0,
         lr: float = 2e-3,
@@ -144,7 +143,7 @@ class WideTask(L.LightningModule):
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train(self.training)
-        from wide.checkpoint import model_identity
+        from wide.io.checkpoint import model_identity
 
         self.identity = model_identity(model)
         mesh = getattr(self, "_device_mesh", None)  # set by ModelParallelStrategy (wide.distributed.FSDP2Strategy)
@@ -302,7 +301,7 @@ class WideTask(L.LightningModule):
     # ---------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning's .ckpt is for resume only: keep just the trained tensors, not the frozen backbone
-        from wide.distributed import is_trained_name
+        from wide.io.checkpoint import is_trained_name
 
         state = checkpoint["state_dict"]
         for k in list(state):
@@ -337,7 +336,7 @@ class WideTask(L.LightningModule):
                  for k in sorted(set(saved) | set(have)) if saved.get(k) != have.get(k)]
         if diffs:
             raise ValueError("ckpt_path: made for another routing config; " + "; ".join(diffs))
-        from wide.checkpoint import check_identity_dicts
+        from wide.io.checkpoint import check_identity_dicts
 
         check_identity_dicts(json.loads(info["identity"]), self.identity, where="ckpt_path")
 

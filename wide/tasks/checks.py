@@ -56,15 +56,10 @@ def check_seq_len(config, seq_len: Optional[int], model_name: str) -> None:
 
 def check_router_checkpoint(config, path: str) -> None:
     """A stage-1 checkpoint made for a model of other shapes fails before the model is loaded."""
-    from wide.checkpoint import IDENTITY_FIELDS, config_identity, read_metadata
+    from wide.io.checkpoint import IDENTITY_FIELDS, check_identity_dicts, config_identity, read_metadata
 
-    expected = read_metadata(path)["base_model"]
-    have = config_identity(config)
-    diffs = [f"{k}: checkpoint {expected.get(k)!r} vs model {have.get(k)!r}"
-             for k in IDENTITY_FIELDS if expected.get(k) != have.get(k)]
-    if diffs:
-        made_for = expected.get("name_or_path") or expected.get("model_type")
-        raise ValueError(f"router_checkpoint: made for another model ({made_for}); " + "; ".join(diffs))
+    check_identity_dicts(read_metadata(path)["base_model"], config_identity(config), where="router_checkpoint",
+                         fields=IDENTITY_FIELDS)
 
 
 def read_resume_file(path: Any) -> Optional[dict[str, Any]]:

@@ -6,9 +6,10 @@ from typing import Optional
 
 from torch import nn
 
-import wide
-from wide.checkpoint import load_trained, read_metadata
 from wide.config import WideConfig
+from wide.io.adapters import DEFAULT_LORA_ALPHA, LoRA, inject_adapter
+from wide.io.checkpoint import load_trained, read_metadata
+from wide.io.loading import DEFAULT_MODEL
 from wide.tasks.base import WideTask
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -34,11 +35,11 @@ class LoRARecovery(WideTask):
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
+        model: str = DEFAULT_MODEL,
         router_checkpoint: Optional[str] = None,
         routing: Optional[WideConfig] = None,
         lora_r: int = 16,
-        lora_alpha: float = 32.0,
+        lora_alpha: float = DEFAULT_LORA_ALPHA,
         lora_dropout: float = 0.1,
         lora_targets: Optional[list[str]] = None,
         train_routers: bool = True,
@@ -64,16 +65,14 @@ class LoRARecovery(WideTask):
         self.train_routers = train_routers
 
     def build_model(self) -> nn.Module:
-        from peft import LoraConfig, inject_adapter_in_model
-
         model = super().build_model()
         if self.router_checkpoint is not None:
             load_trained(model, self.router_checkpoint, prefixes=(".wide.routers.",))
-        cfg = LoraConfig(r=self.lora_r, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
-                         target_modules=self.lora_targets, bias="none")
-        inject_adapter_in_model(cfg, model)
+        inject_adapter(model, "lora", {"r": self.lora_r, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
+                                       "targets": self.lora_targets})
         for name, p in model.named_parameters():
-            if "lora_" in name:
+            lora = LoRA.marker in name
+            if lora:
                 p.data = p.data.float()  # optimizer state in fp32 even over a bf16 backbone
-            p.requires_grad_("lora_" in name or (self.train_routers and ".wide.routers." in f".{name}"))
+            p.requires_grad_(lora or (self.train_routers and ".wide.routers." in f".{name}"))
         return model

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import wide
-from wide.checkpoint import save_trained
-from wide.eval.loading import load_model
+from wide.io.checkpoint import save_trained
+from wide.io.loading import load_model
 
 CFG = dict(sparsity=0.5, attn_group_size=2, ffn_group_size=32)
 

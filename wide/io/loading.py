@@ -1,24 +1,23 @@
-"""Build the model to evaluate: dense, training-free routed, or routed from a `wide fit` checkpoint."""
+"""Model loading: device and dtype resolution, and the dense, training-free routed or checkpointed model."""
 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
-import wide
 from wide.config import WideConfig
+from wide.io.adapters import inject_adapter, merge_adapters, read_adapters
+from wide.io.checkpoint import load_trained, read_metadata
+from wide.modeling.wrap import apply_wide, router_parameters
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_LORA_ALPHA = 32.0  # LoRARecovery's default; used when a checkpoint does not record its alpha
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.(?P<adapter>[^.]+)\.weight$")
 
 
 @dataclass
@@ -60,11 +59,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def describe_routing(cfg: Optional[WideConfig]) -> str:
-    """Short method label: ``dense``, ``width/lowrank``, ``layer/lowrank``, ``width/topk`` ..."""
+    """Short method label: ``dense``, ``width/lowrank``, ``layer/lowrank``, ``width/topk``, ``width/MyRouter``
+    (a plug-in router given by class path: its class name) ..."""
     if cfg is None:
         return "dense"
-    router = cfg.router if isinstance(cfg.router, str) else cfg.to_dict()["router"].rsplit(".", 1)[-1]
-    return f"{cfg.granularity}/{router}"
+    if isinstance(cfg.router, str):
+        return f"{cfg.granularity}/{cfg.router}"
+    return f"{cfg.granularity}/{cfg.to_dict()['router']['class_path'].rsplit('.', 1)[-1]}"
 
 
 def load_model(
@@ -84,8 +85,8 @@ def load_model(
     * ``routing``: ``apply_wide`` with that config, nothing loaded (training-free routers such as
       ``topk``; a learnable router without a checkpoint stays at its random init, with a warning).
     * ``checkpoint``: a trained-tensor file from ``wide fit`` (stage 1 or 2). Its ``WideConfig`` is
-      applied, LoRA adapters are injected (as ``LoRARecovery`` does) when the file holds LoRA tensors,
-      the tensors are loaded after the identity check, and LoRA is merged into the base weights.
+      applied, adapters are injected (as ``LoRARecovery`` does) when the file holds adapter tensors,
+      the tensors are loaded after the identity check, and the adapters are merged into the base weights.
 
     Args:
         model: Asset name, local folder or hub name; default: the model the checkpoint was trained
@@ -97,12 +98,11 @@ def load_model(
             Routers stay in float32 whatever the backbone dtype.
         attn_implementation: HF attention implementation of the backbone.
         lora_alpha: LoRA alpha for checkpoints that do not record it (default 32, LoRARecovery's).
-        merge_lora: Merge LoRA into the weights and drop the adapters (as for deployment).
+        merge_lora: Merge the adapters (LoRA) into the weights and drop them (as for deployment).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from wide.assets import resolve_model
-    from wide.checkpoint import load_trained, read_metadata
 
     if checkpoint is not None and routing is not None:
         raise ValueError("routing: a checkpoint carries its own WideConfig; give either a checkpoint or routing flags")
@@ -128,14 +128,18 @@ def load_model(
         "attn_implementation": attn_implementation,
     }
     if cfg is not None:
-        wide.apply_wide(lm, cfg)
+        apply_wide(lm, cfg)
     if meta is not None:
-        lora = _lora_settings(meta["path"], meta, lora_alpha)
-        if lora is not None:
-            _inject_lora(lm, lora)
+        adapters = read_adapters(meta["path"], meta["extra"], {"lora": {"alpha": lora_alpha}})
+        for kind, settings in adapters.items():
+            inject_adapter(lm, kind, settings)
+        if adapters:
+            for p in lm.parameters():
+                p.requires_grad_(False)
         load_trained(lm, meta["path"])
-        if lora is not None and merge_lora:
-            _merge_lora(lm)
+        if adapters and merge_lora:
+            merge_adapters(lm)
+        lora = adapters.get("lora")
         info["checkpoint"] = {"path": meta["path"], "stage": meta["stage"], "step": meta["step"],
                               "extra": meta["extra"], "lora": lora, "lora_merged": lora is not None and merge_lora}
     elif cfg is not None and not _training_free(lm):
@@ -148,57 +152,4 @@ def load_model(
 
 def _training_free(model: nn.Module) -> bool:
     """True when no router has parameters (``topk``): nothing to calibrate."""
-    return not any(True for _ in wide.router_parameters(model))
-
-
-def _lora_settings(path: str, meta: dict[str, Any], lora_alpha: Optional[float]) -> Optional[dict[str, Any]]:
-    """LoRA rank and targets from the tensor shapes; alpha from the metadata, the flag, or the default."""
-    from safetensors import safe_open
-
-    ranks, targets = set(), set()
-    with safe_open(path, framework="pt") as f:
-        for key in f.keys():
-            m = _LORA_KEY.match(key)
-            if m and m["ab"] == "A":
-                ranks.add(f.get_slice(key).get_shape()[0])
-                targets.add(m["module"].rsplit(".", 1)[-1])
-    if not ranks:
-        return None
-    if len(ranks) > 1:
-        raise ValueError(f"checkpoint: LoRA adapters of mixed ranks {sorted(ranks)} are not supported")
-    extra = meta.get("extra", {})
-    recorded = extra.get("lora_alpha", extra.get("lora", {}).get("alpha") if isinstance(extra.get("lora"), dict) else None)
-    if recorded is not None:
-        alpha, source = float(recorded), "checkpoint"
-        if lora_alpha is not None and float(lora_alpha) != alpha:
-            raise ValueError(f"lora_alpha: the checkpoint records {alpha}, got {lora_alpha}")
-    elif lora_alpha is not None:
-        alpha, source = float(lora_alpha), "flag"
-    else:
-        alpha, source = DEFAULT_LORA_ALPHA, "default"
-        log.warning("checkpoint: LoRA alpha is not recorded in %s; assuming %s (LoRARecovery's default). "
-                    "Pass --lora-alpha if the run used another value.", path, alpha)
-    return {"r": ranks.pop(), "alpha": alpha, "alpha_source": source, "targets": sorted(targets)}
-
-
-def _inject_lora(model: nn.Module, lora: dict[str, Any]) -> None:
-    from peft import LoraConfig, inject_adapter_in_model
-
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=0.0, target_modules=lora["targets"],
-                     bias="none")
-    inject_adapter_in_model(cfg, model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-
-
-def _merge_lora(model: nn.Module) -> None:
-    """Folds every LoRA delta into its base ``nn.Linear`` and puts the plain linear back in place."""
-    from peft.tuners.lora import LoraLayer
-
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, LoraLayer):
-            continue
-        module.merge()
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, module.get_base_layer())
+    return not any(True for _ in router_parameters(model))

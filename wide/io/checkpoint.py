@@ -1,4 +1,4 @@
-"""Trained-tensor checkpoints: routers (and LoRA) as one safetensors file carrying its own identity.
+"""Trained-tensor checkpoints: routers (and adapters) as one safetensors file carrying its own identity.
 
 A checkpoint holds only what was trained, plus JSON metadata: the ``WideConfig``, the stage, the step
 and the base model's identity (architecture, shapes, a hash of its config and a fingerprint of its
@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from wide.config import WideConfig
+from wide.io.adapters import is_adapter_name
 
 FORMAT = "wide-trained/1"
 IDENTITY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -49,15 +50,34 @@ def model_identity(model: nn.Module) -> dict[str, Any]:
     return ident
 
 
+def is_trained_name(name: str) -> bool:
+    """Whether a parameter name belongs to what `wide` trains and saves: routers and adapters (LoRA)."""
+    return ".wide.routers." in f".{name}" or is_adapter_name(name)
+
+
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Router and LoRA tensors (whether or not they currently require grad), by parameter name.
+    """CPU copies of the router and adapter tensors (whether or not they currently require grad), by name.
 
-    Full tensors even when the model is FSDP2-sharded; then every rank must call it (see
-    ``wide.distributed.gather_trained_state``).
+    Raises:
+        ValueError: The model is sharded (FSDP2): its full tensors need every rank, so the training side
+            gathers them (``wide.distributed.gather_trained_state``) and passes them to ``save_trained``.
     """
-    from wide.distributed import gather_trained_state
+    out = {}
+    for name, p in model.named_parameters():
+        if is_trained_name(name):
+            if _is_sharded(p):
+                raise ValueError(f"checkpoint: {name} is sharded; gather the trained tensors on every rank "
+                                 "(wide.distributed.gather_trained_state) and pass them as state=")
+            out[name] = p.detach().to("cpu").contiguous()
+    return out
 
-    return gather_trained_state(model)
+
+def _is_sharded(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return False
+    return isinstance(t, DTensor)
 
 
 def check_finite(state: dict[str, torch.Tensor], step: int, path: Path) -> None:
@@ -75,7 +95,8 @@ def save_trained(model: nn.Module, path: str | os.PathLike, *, config: WideConfi
     """Writes the trained tensors of ``model`` to ``path`` (a ``.safetensors`` file), atomically.
 
     Args:
-        state: Already gathered tensors (default: ``trained_state(model)``).
+        state: The trained tensors, already gathered when the model is sharded (default:
+            ``trained_state(model)``).
         identity: The base model's identity (default: ``model_identity(model)``; pass a cached one
             for a sharded model).
 
@@ -124,9 +145,13 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"checkpoint: {path} is not a safetensors file ({err})") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"checkpoint: {path} is not a wide checkpoint (format {meta.get('format')!r})")
+    try:
+        config = WideConfig.from_dict(json.loads(meta["wide_config"]))
+    except ValueError as err:  # a plug-in router that cannot be imported here, say
+        raise ValueError(f"checkpoint: {path}: {err}") from None
     return {
         "path": str(path),
-        "wide_config": WideConfig.from_dict(json.loads(meta["wide_config"])),
+        "wide_config": config,
         "base_model": json.loads(meta["base_model"]),
         "stage": meta.get("stage", ""),
         "step": int(meta.get("step", 0)),
@@ -138,10 +163,12 @@ def check_identity(model: nn.Module, expected: dict[str, Any], where: str = "che
     check_identity_dicts(expected, model_identity(model), where)
 
 
-def check_identity_dicts(expected: dict[str, Any], have: dict[str, Any], where: str = "checkpoint") -> None:
-    """Raises ``ValueError`` naming every shape or weight difference between two model identities."""
+def check_identity_dicts(expected: dict[str, Any], have: dict[str, Any], where: str = "checkpoint",
+                         fields: tuple[str, ...] = (*IDENTITY_FIELDS, "embedding_fingerprint")) -> None:
+    """Raises ``ValueError`` naming every difference in ``fields`` between two model identities (default:
+    shapes and weights; ``IDENTITY_FIELDS`` alone compares what a config tells, without weights)."""
     diffs = [f"{k}: checkpoint {expected.get(k)!r} vs model {have.get(k)!r}"
-             for k in (*IDENTITY_FIELDS, "embedding_fingerprint") if expected.get(k) != have.get(k)]
+             for k in fields if expected.get(k) != have.get(k)]
     if diffs:
         raise ValueError(
             f"{where}: made for another model ({expected.get('name_or_path') or expected.get('model_type')}); "
