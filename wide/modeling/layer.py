@@ -167,6 +167,8 @@ class WideLayer(nn.Module):
         self.ffn_mask = None
         self.group_mask = {}
         self._kernel_masks = {}
+        if not self.runtime.routing:
+            return  # routing off: no masks, every group executes (`WideRuntime.routing_off`)
         if residual.shape[1] > 1:
             self._coherent = {}  # a prefill starts a new sequence: forget the decode-time selection
         kind = "layer" if "layer" in self.slots else "attn" if "attn" in self.slots else None
@@ -200,7 +202,7 @@ class WideLayer(nn.Module):
     def route_ffn(self, residual: torch.Tensor) -> None:
         """Called with the pre-FFN-norm residual ``[B, T, D]``."""
         self.join_routing()
-        if "ffn" in self.slots:
+        if "ffn" in self.slots and self.runtime.routing:
             mask = self._decide("ffn", residual)
             self.group_mask["ffn"] = mask
             self.ffn_mask = mask
