@@ -18,6 +18,7 @@ from lightning.pytorch.cli import LightningCLI
 SUBCOMMANDS: dict[str, str] = {
     "assets": "wide.assets:assets_main",
     "bench": "wide.bench:bench_main",
+    "data": "wide.data.cli:data_main",
     "eval": "wide.eval.cli:eval_main",
     "export": "wide.deploy:export_main",
     "generate": "wide.deploy:generate_main",
