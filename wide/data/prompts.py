@@ -32,7 +32,8 @@ def _questions(task: str) -> list[str]:
     from wide.data.olmo import task_data_dir
     from wide.data.saved import read_saved_table
 
-    rows = read_saved_table(task_data_dir(task)).to_pylist()
+    columns = ["context", "question"] if task == "social_iqa" else ["question"]
+    rows = read_saved_table(task_data_dir(task)).select(columns).to_pylist()  # TriviaQA's other columns are large
     if task == "social_iqa":
         return [f"{r['context']} {r['question']}" for r in rows]
     out = [r["question"] for r in rows]
