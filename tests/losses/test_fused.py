@@ -153,3 +153,17 @@ def test_liger_and_torch_agree_in_bf16_at_a_real_vocabulary():
         out[backend] = (got.total.detach(), torch.autograd.grad(got.total, [hidden])[0])
     torch.testing.assert_close(out["liger"][0], out["torch"][0], rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(out["liger"][1].float(), out["torch"][1].float(), rtol=5e-2, atol=5e-5)
+
+
+def test_the_path_taken_is_logged_once(caplog, monkeypatch):
+    import logging
+
+    import wide.losses.fused as fused
+
+    monkeypatch.setattr(fused, "_logged", set())
+    hidden, weight, _, teacher, labels = _inputs()
+    with caplog.at_level(logging.INFO, logger="wide.losses"):
+        for _ in range(3):
+            fused_linear_loss(hidden, weight, labels, teacher_hidden=teacher, kd=1.0, backend="auto")
+    records = [r.getMessage() for r in caplog.records if r.name == "wide.losses"]
+    assert records == ["wide.losses: fused linear loss -> torch (backend=auto, device=cpu, teacher=yes)"]

@@ -149,3 +149,11 @@ def test_loss_config_rejects_bad_fields():
         LossConfig(kd=1, temperature=0)
     with pytest.raises(ValueError, match="^loss.backend: must be one of"):
         LossConfig(backend="fast")
+
+
+def test_liger_backend_without_liger_fails_when_configured(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.modules["wide.losses.objective"], "liger_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^loss.backend: 'liger' needs Liger-Kernel \(pip install 'wide\[liger\]'\)"):
+        LossConfig(backend="liger")

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from wide.losses.fused import BACKENDS, IGNORE_INDEX, LossParts, fused_linear_loss
+from wide.losses.fused import BACKENDS, IGNORE_INDEX, LossParts, fused_linear_loss, liger_available
 from wide.losses.teacher import teacher_mode
 
 __all__ = ["LossConfig", "Objective", "counted_tokens", "hidden_match_loss", "lm_loss", "objective"]
@@ -55,6 +55,8 @@ class LossConfig:
             raise ValueError(f"loss.temperature: must be > 0, got {self.temperature!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"loss.backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "liger" and not liger_available():
+            raise ValueError("loss.backend: 'liger' needs Liger-Kernel (pip install 'wide[liger]')")
         if self.chunk_size is not None and not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
             raise ValueError(f"loss.chunk_size: must be None or an int >= 1, got {self.chunk_size!r}")
 
