@@ -58,12 +58,13 @@ def step_fn(model, path, kd, micro, batch, seq, device):
     def run():
         opt.zero_grad(set_to_none=True)
         for s in range(0, batch, micro):
-            chunk = {"input_ids": ids[s:s + micro]}
+            rows = ids[s:s + micro]  # packed rows, as TextDataModule serves them
+            chunk = {"input_ids": rows, "attention_mask": torch.ones_like(rows), "labels": rows}
             runtime.set_noise(state["i"])
             state["i"] += 1
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 if cfg is None:
-                    loss = model(**chunk, labels=chunk["input_ids"]).loss
+                    loss = model(**chunk).loss
                 else:
                     loss = objective(model, chunk, cfg).total
                 stats = wide.sparsity_stats(model)
