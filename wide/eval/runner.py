@@ -34,7 +34,12 @@ class EvalSettings:
         ppl_window: Tokens per perplexity window.
         ppl_stride: Tokens between window starts (``None``: ``ppl_window``).
         ppl_max_tokens: Cap on the perplexity token stream (``None``: all).
-        task_data: Optional ``{task: save_to_disk folder}`` overriding the asset's data.
+        task_data: Optional ``{task: save_to_disk folder}`` overriding the asset's data (``basic_arithmetic``
+            for the generative arithmetic metric too).
+        generative: Generative metrics (`wide.eval.generative`): ``arithmetic``, ``agreement``.
+        gen_max_new_tokens: Tokens generated at most per agreement answer.
+        agree_tokens: Reference answer tokens the token agreement compares.
+        gen_prompts: Agreement prompts file (``None``: the held-out questions of `wide.data.prompts`).
     """
 
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
@@ -46,6 +51,10 @@ class EvalSettings:
     ppl_stride: Optional[int] = None
     ppl_max_tokens: Optional[int] = None
     task_data: dict[str, str] = field(default_factory=dict)
+    generative: list[str] = field(default_factory=list)
+    gen_max_new_tokens: int = 64
+    agree_tokens: int = 32
+    gen_prompts: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -122,6 +131,9 @@ def evaluate(loaded: LoadedModel, settings: EvalSettings, *, log: Callable[[str]
         parts.append(res["sparsity"])
         log(f"{task}: {res['metric']} {100 * res['score']:.2f} on {res['n']} items, realized sparsity "
             f"{100 * res['sparsity']['sparsity']:.1f}% [{res['seconds']:.1f}s]")
+    if settings.generative:
+        result["generative"] = run_generative(loaded, settings, log)
+        parts += [r["sparsity"] for r in result["generative"].values()]
     scores = [r["score"] for r in result["tasks"].values()]
     routing = loaded.info.get("routing")
     zs_sparsity = merge_sparsity([r["sparsity"] for r in result["tasks"].values()])
@@ -135,9 +147,47 @@ def evaluate(loaded: LoadedModel, settings: EvalSettings, *, log: Callable[[str]
         "zeroshot_sparsity": zs_sparsity["sparsity"] if result["tasks"] else None,
         "sparsity": merge_sparsity(parts),
     }
+    gen = result.get("generative") or {}
+    if gen:
+        result["summary"]["generative"] = {
+            "arithmetic_em": gen["arithmetic"]["exact_match"] if "arithmetic" in gen else None,
+            "token_agreement": gen["agreement"]["token_agreement"] if "agreement" in gen else None,
+            "agreement_em": gen["agreement"]["exact_match"] if "agreement" in gen else None,
+            "sparsity": merge_sparsity([r["sparsity"] for r in gen.values()]),
+        }
     result["timing"] = {"total_s": time.perf_counter() - t_all}
     result["hardware"] = hardware(loaded.device)
     return result
+
+
+def run_generative(loaded: LoadedModel, settings: EvalSettings, log: Callable[[str], None]) -> dict[str, Any]:
+    """The generative metrics of ``settings.generative``, each with its realized sparsity."""
+    from wide.eval import generative as G
+
+    out: dict[str, Any] = {}
+    model, tok = loaded.model, loaded.tokenizer
+    for name in settings.generative:
+        t0 = time.perf_counter()
+        if name == "arithmetic":
+            res = G.arithmetic(model, tok, limit=settings.limit, batch_size=settings.batch_size,
+                               data_dir=settings.task_data.get("basic_arithmetic"), log=log)
+            score = f"exact match {100 * res['exact_match']:.2f}"
+        else:
+            from wide.data.prompts import prompt_file, question_prompts
+
+            questions = prompt_file(settings.gen_prompts) if settings.gen_prompts else question_prompts(held_out=True)
+            reference, kind = G.dense_reference(loaded, settings.batch_size, log)
+            res = G.agreement(model, tok, reference=reference, reference_kind=kind, questions=questions,
+                              limit=settings.limit, batch_size=settings.batch_size,
+                              max_new_tokens=settings.gen_max_new_tokens, agree_tokens=settings.agree_tokens, log=log)
+            score = (f"token agreement {100 * res['token_agreement']:.2f}, exact match {100 * res['exact_match']:.2f} "
+                     f"(reference: {kind})")
+        res["seconds"] = time.perf_counter() - t0
+        sp = res["sparsity"]
+        log(f"{name}: {score} on {res['n']} items, realized sparsity {100 * sp['sparsity']:.1f}% "
+            f"({100 * sp.get('by_weight', 0.0):.1f}% by weight) [{res['seconds']:.1f}s]")
+        out[name] = res
+    return out
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

@@ -15,8 +15,9 @@ a few fixed sizes (the last one filled up with copies of its last token), each c
 the graph captured for its size with the chunk's ids and positions in fixed buffers, and the decode step is
 captured once. The routed prefill attention reads each chunk's position from its causal mask on the device.
 
-Greedy decoding of unpadded batches (every row as long as the others), which is what the speed numbers in
-BENCHMARKS.md time; sampling, padding and stopping strings stay with HF ``generate``.
+Greedy decoding (or temperature sampling, ``temperature > 0``: Gumbel-max on the device, outside the captured graphs)
+of unpadded batches (every row as long as the others), which is what the speed numbers in BENCHMARKS.md time;
+padding, top-k / top-p and stopping strings stay with HF ``generate``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from wide.policies.coherent import restart_schedule
 
 
 def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_cache_len: Optional[int],
-           check_every: int) -> None:
+           check_every: int, temperature: float = 0.0) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids: must be an int64 tensor [B, T] of unpadded rows, got "
                          f"{type(input_ids).__name__} {getattr(input_ids, 'shape', '')} {getattr(input_ids, 'dtype', '')}")
@@ -57,14 +58,27 @@ def _check(model: nn.Module, input_ids, max_new_tokens: int, eos_token_id, max_c
                          f"max_new_tokens ({max_new_tokens})")
     if not isinstance(check_every, int) or check_every < 1:
         raise ValueError(f"check_every: must be an int >= 1, got {check_every!r}")
+    if not (isinstance(temperature, (int, float)) and temperature >= 0):
+        raise ValueError(f"temperature: must be a number >= 0 (0: greedy), got {temperature!r}")
     if model.training:
         raise ValueError("model: in training mode; call model.eval() first (routed kernels run in eval only)")
+
+
+def next_token(logits: torch.Tensor, temperature: float = 0.0,
+               generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``[B, 1]`` next tokens of ``logits [B, V]``: the argmax, or with ``temperature > 0`` a draw from
+    ``softmax(logits / temperature)`` by Gumbel-max (no host sync, so decode steps stay asynchronous)."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    gumbel = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+    return (logits.float() / temperature - gumbel.log_()).argmax(-1, keepdim=True)
 
 
 @torch.inference_mode()
 def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: Optional[int] = None,
              pad_token_id: Optional[int] = None, graphs: Optional[bool] = None,
-             max_cache_len: Optional[int] = None, check_every: int = 16) -> torch.Tensor:
+             max_cache_len: Optional[int] = None, check_every: int = 16, temperature: float = 0.0,
+             generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Greedy continuation of ``input_ids``, decode steps replayed from a CUDA graph (see the module docstring).
 
     Args:
@@ -77,15 +91,17 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
         graphs: Capture and replay decode steps (default: on CUDA devices).
         max_cache_len: Static cache length (default: prompt + ``max_new_tokens``).
         check_every: Steps between EOS checks on the host.
+        temperature: 0 for greedy; above 0, sample each token from ``softmax(logits / temperature)``.
+        generator: The random generator of the sampling (on the model's device; default: torch's global one).
 
     Returns:
         ``[B, T + n]`` int64: the prompt and ``n <= max_new_tokens`` new tokens (``n`` is smaller only when
         every row finished early).
     """
-    _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len, check_every)
+    _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len, check_every, temperature)
     gen = Generator(model, batch_size=input_ids.shape[0], max_cache_len=max_cache_len or input_ids.shape[1] + max_new_tokens,
                     chunk=None, graphs=graphs)
-    return gen._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every)
+    return gen._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator)
 
 
 def cache_kwarg(model: nn.Module) -> str:
@@ -317,22 +333,25 @@ class Generator:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: Optional[int] = None,
-                 pad_token_id: Optional[int] = None, check_every: int = 16) -> torch.Tensor:
-        """Greedy continuation of ``input_ids [batch_size, T]``; arguments and result as in `wide.generate`."""
-        _check(self.model, input_ids, max_new_tokens, eos_token_id, self.max_cache_len, check_every)
+                 pad_token_id: Optional[int] = None, check_every: int = 16, temperature: float = 0.0,
+                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """Greedy (or sampled) continuation of ``input_ids [batch_size, T]``; arguments and result as in
+        `wide.generate`."""
+        _check(self.model, input_ids, max_new_tokens, eos_token_id, self.max_cache_len, check_every, temperature)
         if input_ids.shape[0] != self.batch_size:
             raise ValueError(f"input_ids: {input_ids.shape[0]} rows, this Generator was made for batch_size="
                              f"{self.batch_size}")
-        return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every)
+        return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator)
 
     def _run(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: Optional[int],
-             pad_token_id: Optional[int], check_every: int) -> torch.Tensor:
+             pad_token_id: Optional[int], check_every: int, temperature: float = 0.0,
+             generator: Optional[torch.Generator] = None) -> torch.Tensor:
         dev = input_ids.device
         B, T = input_ids.shape
         pad = eos_token_id if pad_token_id is None else pad_token_id
         out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=dev)
         out[:, :T] = input_ids
-        self._tok.copy_(self._prefill(input_ids).argmax(-1, keepdim=True))
+        self._tok.copy_(next_token(self._prefill(input_ids), temperature, generator))
         self._pos.fill_(T)
         self._restart_state()
         done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -347,7 +366,7 @@ class Generator:
             else:
                 out[:, T + i] = tok
             if logits is not None:
-                self._tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+                self._tok.copy_(next_token(logits[:, -1], temperature, generator))
                 self._pos.add_(1)
 
         n = max_new_tokens

@@ -153,6 +153,8 @@ class WideLayer(nn.Module):
         self.ffn_mask = None
         self.group_mask = {}
         self._kernel_masks = {}
+        if not self.runtime.routing:
+            return  # routing off: no masks, every group executes (`WideRuntime.routing_off`)
         if residual.shape[1] > 1:
             self.reset_decode_state()  # a prefill starts a new sequence: forget the decode-time selection
         slots = self._reads["attn"]
@@ -172,7 +174,8 @@ class WideLayer(nn.Module):
     def route_ffn(self, residual: torch.Tensor) -> None:
         """Called with the pre-FFN-norm residual ``[B, T, D]``."""
         self.join_routing()
-        self._route(self._reads["ffn"], residual)
+        if self.runtime.routing:  # routing off (`WideRuntime.routing_off`): no masks, every group executes
+            self._route(self._reads["ffn"], residual)
 
     def _route(self, slots: list[RouterSlot], residual: torch.Tensor) -> None:
         for slot in slots:

@@ -6,6 +6,7 @@ nothing calls ``.item()``; loggers read them once per log step.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -92,6 +93,9 @@ class WideRuntime:
     _pad_src: Optional[torch.Tensor] = None
     _padded: Optional[bool] = None
 
+    routing: bool = True
+    """``False`` (inside :meth:`routing_off`): no router runs, every group executes, nothing is recorded."""
+
     noise_seed: Optional[int] = None
     """Seed of the routers' Gumbel noise for the current training batch (``None``: torch's global RNG)."""
     rank: int = 0
@@ -134,6 +138,17 @@ class WideRuntime:
             stream = self._side_streams[device] = torch.cuda.Stream(device)
         return stream
 
+    @contextlib.contextmanager
+    def routing_off(self):
+        """Runs the model as the dense backbone: no router is called, no mask is made (every head and channel
+        executes, exactly the unrouted computation) and the forward records nothing, so the stats of the last
+        routed forward survive a dense one run after it (the distillation teacher, `wide.losses.teacher`)."""
+        old, self.routing = self.routing, False
+        try:
+            yield self
+        finally:
+            self.routing = old
+
     def begin_forward(self, valid: Optional[torch.Tensor], tokens: Optional[int] = None,
                       masked: Optional[bool] = None) -> None:
         """Starts a forward over ``tokens`` new tokens per row with 2D validity ``valid`` (``None``: all valid).
@@ -142,6 +157,8 @@ class WideRuntime:
         :meth:`padded`); ``masked`` says whether the caller passed any attention mask (a prepared 4D
         one, as ``generate`` builds for static caches, hides padding from ``valid``).
         """
+        if not self.routing:
+            return  # a dense forward (routing_off) keeps the routed forward's records and sequence state
         self.valid = valid
         self._records = {}
         self.forward_cache = {}

@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 import wide
 from wide.config import WideConfig
 from wide.io.loading import DEFAULT_MODEL, DTYPES
+from wide.losses import LossConfig, counted_tokens, lm_loss, objective
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
@@ -25,7 +26,10 @@ def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
 
 
 class WideTask(L.LightningModule):
-    """Loads a causal LM, routes it, and trains with ``LM + lam * |target - realized skip rate|``.
+    """Loads a causal LM, routes it, and trains with ``objective + lam * |target - realized skip rate|``.
+
+    The objective (``loss``) is next-token cross-entropy by default; self-distillation from the dense backbone
+    (routing off, LoRA disabled, same weights) and hidden-state matching mix in by weight (`wide.losses`).
 
     Args:
         model: Hugging Face model name, local folder, or a named offline asset (``wide assets list``).
@@ -39,6 +43,8 @@ class WideTask(L.LightningModule):
             bfloat16 when the Trainer's precision is bf16 and float32 otherwise.
         attn_implementation: HF attention implementation of the backbone (``sdpa``, ``eager``, ...).
         gradient_checkpointing: Recompute decoder layers in backward to save memory.
+        loss: The objective besides the sparsity term (``LossConfig``: ``lm``, ``kd``, ``temperature``, ``hidden``,
+            ``backend``); default plain next-token cross-entropy.
     """
 
     stage = "base"
@@ -55,8 +61,12 @@ class WideTask(L.LightningModule):
         dtype: Optional[str] = None,
         attn_implementation: str = "sdpa",
         gradient_checkpointing: bool = False,
+        loss: Optional[LossConfig] = None,
     ):
         super().__init__()
+        loss = loss if loss is not None else LossConfig()
+        if isinstance(loss, dict):
+            loss = LossConfig(**loss)
         routing = routing if routing is not None else WideConfig()
         if isinstance(routing, dict):
             routing = WideConfig(**routing)
@@ -82,14 +92,17 @@ class WideTask(L.LightningModule):
         self.dtype_name = dtype
         self.attn_implementation = attn_implementation
         self.gradient_checkpointing = gradient_checkpointing
-        self.save_hyperparameters(ignore=["routing"])
+        self.loss = loss
+        self.save_hyperparameters(ignore=["routing", "loss"])
         self.hparams["routing"] = routing.to_dict()
+        self.hparams["loss"] = loss.to_dict()
         self.model: Optional[nn.Module] = None
         self.identity: Optional[dict[str, Any]] = None  # the backbone's identity, taken before any sharding
         self.val_nll = MeanMetric()
         self.val_skip = MeanMetric()
         self.strict_loading = False  # resume checkpoints hold only the trained tensors
         self._preflight_done = False
+        self._loss_path_logged = False
 
     # ----------------------------------------------------------------------------------------- model
     def _backbone_dtype(self) -> torch.dtype:
@@ -191,11 +204,6 @@ class WideTask(L.LightningModule):
         mean = self.mean_over_ranks(local.detach().float()).to(local.dtype)
         return mean + (local - local.detach())
 
-    def _lm_forward(self, batch: dict[str, torch.Tensor]):
-        labels = batch.get("labels", batch["input_ids"])
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=labels)
-        return out
-
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Gumbel noise and LoRA dropout draw from the global RNG; seeding it per batch from (seed, epoch,
         # batch, rank) makes every step's randomness independent of what ran before, so a run resumed
@@ -217,23 +225,29 @@ class WideTask(L.LightningModule):
         return trainer.strategy.reduce(values, reduce_op="mean")
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self._lm_forward(batch)
+        obj = objective(self.model, batch, self.loss)  # the teacher (if any) runs first and records no routing
+        if not self._loss_path_logged:
+            from lightning.pytorch.utilities import rank_zero_info
+
+            rank_zero_info(f"wide: training loss {self.loss.to_dict()}, fused linear loss via {obj.path}")
+            self._loss_path_logged = True
         stats = wide.sparsity_stats(self.model)
         sp_loss, sp_logs = self.sparsity_loss(stats)
-        loss = out.loss + sp_loss
-        logs = {"loss": loss, "lm_loss": out.loss, "sparsity": stats.realized(), **sp_logs}
+        loss = obj.total + sp_loss
+        parts = {f"{k}_loss": v for k, v in (("lm", obj.lm), ("kd", obj.kd), ("hidden", obj.hidden)) if v is not None}
+        logs = {"loss": loss, **parts, "sparsity": stats.realized(), **sp_logs}
         # one all-reduce for every scalar; all ranks see the same values, so all stop together on NaN
         values = self.mean_over_ranks(torch.stack([v.detach().float().reshape(()) for v in logs.values()]))
         if not bool(torch.isfinite(values).all()):
-            raise FloatingPointError(self._non_finite_message(out.loss, sp_loss))
+            raise FloatingPointError(self._non_finite_message(obj.total, sp_loss))
         bs = batch["input_ids"].shape[0]
         for (name, _), value in zip(logs.items(), values):
-            self.log(f"train/{name}", value, prog_bar=name in ("loss", "lm_loss", "sparsity"), batch_size=bs)
+            self.log(f"train/{name}", value, prog_bar=name in ("loss", "lm_loss", "kd_loss", "sparsity"), batch_size=bs)
         self.log("train/tau", wide.modeling.runtime_of(self.model).tau, batch_size=bs)
         return loss
 
-    def _non_finite_message(self, lm_loss: torch.Tensor, sp_loss: torch.Tensor) -> str:
-        msg = (f"non-finite loss at step {self.global_step} (this rank: lm {lm_loss.item():.4g}, "
+    def _non_finite_message(self, obj_loss: torch.Tensor, sp_loss: torch.Tensor) -> str:
+        msg = (f"non-finite loss at step {self.global_step} (this rank: objective {obj_loss.item():.4g}, "
                f"sparsity {sp_loss.item():.4g}); stopping")
         from wide.callbacks.checkpoint import WideCheckpoint
 
@@ -250,10 +264,9 @@ class WideTask(L.LightningModule):
         self._eval_step(batch, "test")
 
     def _eval_step(self, batch: dict[str, torch.Tensor], split: str) -> None:
-        out = self._lm_forward(batch)
-        labels = batch.get("labels", batch["input_ids"])
-        n_tokens = (labels[:, 1:] != -100).sum()
-        self.val_nll.update(out.loss.detach().float(), weight=n_tokens)
+        nll = lm_loss(self.model, batch, backend=self.loss.backend, chunk_size=self.loss.chunk_size)
+        n_tokens = counted_tokens(batch)
+        self.val_nll.update(nll.detach().float(), weight=n_tokens)
         stats = wide.sparsity_stats(self.model)
         self.val_skip.update(stats.realized().float(), weight=n_tokens)
 

@@ -1,0 +1,148 @@
+"""Stage-1 calibration throughput on a Qwen2.5-Coder-1.5B-shaped model with random weights (no download).
+
+Times the training step of ``RouterCalibration`` (routed forward, loss, backward into the routers, AdamW) under
+bf16 autocast over a bf16 backbone, as ``wide fit --config recipes/qwen2.5-1.5b/calibrate.yaml`` runs it, for
+each loss path:
+
+- ``hf``: HF's own loss from full ``[B, T, V]`` logits (what `wide fit` ran before `wide.losses`);
+- ``torch`` / ``liger``: the fused chunked linear loss of `wide.losses` (logits never whole);
+
+each with the LM loss alone and with self-distillation (``--kd``: the dense teacher forward added). Prints tokens/s,
+achieved TFLOP/s and MFU (`wide.callbacks.throughput`: formula and peak table) and peak memory per row.
+
+    python benchmarks/calibration_throughput.py                       # 16 x 1024, all rows
+    python benchmarks/calibration_throughput.py --paths torch,liger --micro-batch 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True)
+"""Qwen2.5-Coder-1.5B-Instruct's architecture (its config.json), weights random."""
+
+
+def build(layers, device):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    import wide
+
+    cfg = Qwen2Config(**{**QWEN25_15B, **({"num_hidden_layers": layers} if layers else {})})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.config.use_cache = False
+    routing = wide.WideConfig(sparsity=0.5, attn_group_size=6, ffn_group_size=128, router="lowrank", router_rank=32)
+    return wide.apply_wide(model, routing).train()
+
+
+def step_fn(model, path, kd, micro, batch, seq, device):
+    """One optimizer step of ``batch`` rows as ``batch // micro`` accumulated micro-batches."""
+    import wide
+    from wide.losses import LossConfig, objective
+
+    params = [p for _, p in wide.router_parameters(model)]
+    opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.01)
+    cfg = None if path == "hf" else LossConfig(lm=1.0, kd=1.0 if kd else 0.0, temperature=2.0, backend=path)
+    runtime = wide.modeling.runtime_of(model)
+    ids = torch.randint(0, 32000, (batch, seq), device=device)
+    state = {"i": 0}
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        for s in range(0, batch, micro):
+            rows = ids[s:s + micro]  # packed rows, as TextDataModule serves them
+            chunk = {"input_ids": rows, "attention_mask": torch.ones_like(rows), "labels": rows}
+            runtime.set_noise(state["i"])
+            state["i"] += 1
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                if cfg is None:
+                    loss = model(**chunk).loss
+                else:
+                    loss = objective(model, chunk, cfg).total
+                stats = wide.sparsity_stats(model)
+                loss = loss + 20.0 * (0.5 - stats.realized(differentiable=True)).abs()
+            (loss * (micro / batch)).backward()
+        opt.step()
+        return loss.detach()
+
+    return run
+
+
+def measure(model, path, kd, micro, batch, seq, device, warmup, iters):
+    from wide.callbacks.throughput import peak_tflops, train_flops_per_token
+
+    run = step_fn(model, path, kd, micro, batch, seq, device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(warmup):
+        run()
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        loss = run()
+    if cuda:
+        torch.cuda.synchronize(device)
+    sec = (time.perf_counter() - t0) / iters
+    tokens = batch * seq / sec
+    flops = train_flops_per_token(model, seq, teacher=kd, teacher_head=kd) * tokens
+    peak = peak_tflops(device, torch.bfloat16)
+    return {"path": path, "kd": kd, "micro_batch": micro, "batch": batch, "seq_len": seq, "step_s": sec,
+            "tokens_per_s": tokens, "tflops": flops / 1e12, "mfu": None if peak is None else flops / (peak * 1e12),
+            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None, "loss": float(loss)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-size", type=int, default=16, help="rows per optimizer step")
+    ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward (default: the whole batch)")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--paths", default="hf,torch,liger", help="comma list of hf, torch, liger")
+    ap.add_argument("--kd", default="0,1", help="comma list: 0 (LM loss only), 1 (with self-distillation)")
+    ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (smoke runs)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke runs)")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    model = build(args.layers, device)
+    micro = args.micro_batch or args.batch_size
+    rows = []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"# {name}, Qwen2.5-1.5B shape"
+          f"{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x {args.seq_len} tokens per step, "
+          f"micro-batch {micro}, bf16")
+    print("| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |\n|---|---|---:|---:|---:|---:|---:|")
+    for path in args.paths.split(","):
+        for kd in (bool(int(k)) for k in args.kd.split(",")):
+            if path == "hf" and kd:
+                continue  # HF's loss has no teacher term
+            try:
+                r = measure(model, path, kd, micro, args.batch_size, args.seq_len, device, args.warmup, args.iters)
+            except torch.OutOfMemoryError:  # the hf path at large batches: say so and go on
+                print(f"| {path} | {'yes' if kd else 'no'} | out of memory | | | | |")
+                torch.cuda.empty_cache()
+                continue
+            rows.append(r)
+            mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+            mem = "–" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
+            print(f"| {path} | {'yes' if kd else 'no'} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+                  f"{r['tflops']:.1f} | {mfu} | {mem} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

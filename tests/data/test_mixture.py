@@ -1,0 +1,57 @@
+"""The ``mixture`` source: weights parsed and checked up front, a deterministic weighted interleave, and the
+default corpus's held-out documents left out."""
+
+from __future__ import annotations
+
+import pytest
+
+from wide.data.mixture import DEFAULT_MIXTURE, interleave, mixture_documents, parse_mixture
+from wide.data.sources import check_source, source_kind
+
+
+def test_parse_mixture_defaults_and_named_weights():
+    assert parse_mixture("mixture") == DEFAULT_MIXTURE
+    assert parse_mixture("mixture:lambada=2, coqa") == {"lambada": 2.0, "coqa": 1.0}
+    assert source_kind("mixture:drop=0.5") == "mixture"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("mixture:wiki=1", "'wiki' is not a prose corpus"),
+    ("mixture:coqa=x", "weight 'x' of coqa is not a number"),
+    ("mixture:coqa=0", "weight of coqa must be > 0"),
+    ("mixture:coqa,coqa=2", "coqa is given twice"),
+])
+def test_bad_mixtures_fail_before_reading(source, message):
+    with pytest.raises(ValueError, match=message):
+        check_source(source)
+
+
+def test_interleave_keeps_the_weights_in_every_prefix_and_uses_every_document_once():
+    corpora = {"a": [f"a{i:03d}" * 5 for i in range(200)], "b": [f"b{i:03d}" * 5 for i in range(50)],
+               "c": [f"c{i:03d}" * 10 for i in range(300)]}
+    weights = {"a": 1.0, "b": 1.0, "c": 2.0}
+    out = interleave(corpora, weights)
+    assert sorted(out) == sorted(d for docs in corpora.values() for d in docs)
+    assert out == interleave(corpora, weights)
+    for n in (20, 80, 150):  # b (1,000 characters) runs out after 200 documents
+        chars = {k: sum(len(d) for d in out[:n] if d[0] == k) for k in corpora}
+        total = sum(chars.values())
+        for k, w in weights.items():  # off by at most one document
+            assert abs(chars[k] / total - w / 4) <= 40 / total, (n, chars)
+    for k, docs in corpora.items():  # each corpus in its own order
+        assert [d for d in out if d[0] == k] == docs
+
+
+def test_mixture_leaves_out_the_default_corpus_held_out_documents(monkeypatch):
+    import wide.data.corpus as corpus
+    import wide.data.olmo as olmo
+
+    docs = {name: [f"{name} document {i}" for i in range(20)] for name in DEFAULT_MIXTURE}
+    monkeypatch.setattr(olmo, "prose_corpus", lambda name: docs[name])
+    held_out = ["boolq document 3", "boolq document 7"]
+    monkeypatch.setattr(corpus, "default_corpus_split", lambda: (["boolq document 0"], held_out))
+    out = mixture_documents("mixture")
+    assert len(out) == 100 - 2 and not set(held_out) & set(out)
+    assert {d.split()[0] for d in out[:5]} == set(DEFAULT_MIXTURE)
+    assert mixture_documents("mixture:drop=1,squad=3")[:4] == ["drop document 0", "squad document 0",
+                                                               "squad document 1", "squad document 2"]
