@@ -94,8 +94,8 @@ def _dry_run(spec: GridSpec) -> None:
 
     from wide.grid.commands import eval_argv, fit_argv, lora_alpha
     from wide.grid.runner import GridRunner
-    from wide.grid.spec import signature
 
+    runner = GridRunner(spec)
     cells = spec.cells()
     print(f"{len(cells)} cells, output {spec.output}")
     for cell in cells:
@@ -103,8 +103,7 @@ def _dry_run(spec: GridSpec) -> None:
         ckpt, alpha = None, None
         if cell.fits:
             if cell.calibrates:
-                sig1 = signature({"base": spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
-                run_dir = GridRunner(spec).fit_dir(cell, sig1)
+                run_dir = runner.fit_dir(cell, runner.stage1_signature(cell))
                 print("  wide " + shlex.join(fit_argv(spec, cell, "calibrate", run_dir)))
                 ckpt = run_dir / "routers.safetensors"
             if cell.stage == "lora":
