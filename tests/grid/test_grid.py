@@ -57,8 +57,10 @@ def test_stage_scoping(tmp_path, tiny_model_dir, tiny_corpus):
     (lambda g: g["axes"].append({"name": "s", "key": "stage", "values": ["distill"]}), "stage must be"),
     (lambda g: g["eval"].update(bogus=1), "unknown eval option"),
     (lambda g: g["axes"][0]["values"]["topk"].update({"model.init_args.routing.granularity": "nope"}), "granularity"),
+    (lambda g: g["overrides"].update({"resources.gpu": 1}), "unknown key resources.gpu"),
+    (lambda g: g["axes"][0]["values"]["wide"].update({"resources.cpus": -1}), "resources.cpus must be a number >= 0"),
 ], ids=["no-base", "unknown-key", "bad-axis", "bad-values", "clash", "lora-needs-base", "bad-stage", "bad-eval",
-        "bad-routing"])
+        "bad-routing", "bad-resource", "negative-resource"])
 def test_bad_grids_fail_before_running(tmp_path, tiny_model_dir, tiny_corpus, mutate, message):
     path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, json.loads(json.dumps(METHOD_X_SPARSITY)))
     grid = yaml.safe_load(path.read_text())

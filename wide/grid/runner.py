@@ -32,7 +32,8 @@ class CommandFailed(RuntimeError):
 
 @dataclass
 class GridRunner:
-    """Runs the cells of ``spec`` on this machine (``jobs`` threads over ``devices``).
+    """Runs the cells of ``spec``: :meth:`run` on this machine (``jobs`` threads over ``devices``, the
+    fallback without Ray); :class:`wide.grid.ray_executor.RayExecutor` runs the same cells as Ray tasks.
 
     Args:
         spec: The parsed grid.
@@ -167,7 +168,7 @@ class GridRunner:
         return signature({"argv": argv[:-3], "runs": []})
 
     def cell_signature(self, cell: Cell) -> str:
-        return signature({"format": FORMAT, "overrides": cell.overrides, "eval": self.spec.eval,
+        return signature({"format": FORMAT, "overrides": cell.settings(), "eval": self.spec.eval,
                           "calibrate": self.spec.base_text("calibrate") if cell.fits else "",
                           "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
                           "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
@@ -368,6 +369,8 @@ class GridRunner:
     def run(self) -> dict[str, Any]:
         """Runs the grid on this machine; returns ``{"done", "skipped", "failed", "cells"}`` and writes the reports."""
         plan = self.plan()
+        if any(c.resources for c in plan.todo):
+            self.log("resources.* settings only place Ray tasks (--executor ray); the local executor ignores them")
         if self.jobs == 1 and not self.devices:  # with devices, the one worker's commands get devices[0]
             for cell in plan.todo:
                 if plan.stop.is_set():

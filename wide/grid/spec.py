@@ -33,6 +33,8 @@ Override keys of a cell (the axes' overrides merged in order, later axes win):
   ``stage: lora`` stage 2 starts from the cell's routing (no router checkpoint).
 * ``routing``: ``false`` for the dense model (implies no fit).
 * ``eval.<flag>``: a ``wide eval`` option for this cell (``eval.limit: 50``).
+* ``resources.gpus`` / ``resources.cpus``: what the cell's Ray task asks for under ``wide grid --executor ray``
+  (default: ``--gpus-per-cell`` / ``--cpus-per-cell``); placement only, so not part of the cell's signature.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ ROUTING_PREFIX = "model.init_args.routing."
 RESULT_COLUMNS = {"cell", "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity", "ppl", "avg"}
 """Column names of results.csv that an axis may not take."""
 GRID_KEYS = {"base", "lora_base", "output", "overrides", "eval", "axes", "description"}
+RESOURCES = ("gpus", "cpus")
+"""``resources.<name>`` keys a cell may set (what its Ray task asks for)."""
 # wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
 EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
                 "ppl_window", "ppl_stride", "ppl_max_tokens", "add_bos", "task_data", "quiet")
@@ -111,7 +115,7 @@ class Cell:
         """The dotted LightningCLI overrides of one stage (``calibrate`` or ``lora``)."""
         out = {}
         for key, value in self.overrides.items():
-            if key in RESERVED or key.startswith("eval."):
+            if key in RESERVED or key.startswith(("eval.", "resources.")):
                 continue
             scope, _, rest = key.partition(".")
             if scope in STAGES:
@@ -125,6 +129,15 @@ class Cell:
 
     def eval_overrides(self) -> dict[str, Any]:
         return {k[len("eval."):]: v for k, v in self.overrides.items() if k.startswith("eval.")}
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """``{"gpus": n, "cpus": n}`` as far as the cell sets them (``resources.*`` keys)."""
+        return {k[len("resources."):]: v for k, v in self.overrides.items() if k.startswith("resources.")}
+
+    def settings(self) -> dict[str, Any]:
+        """The overrides that decide the cell's results (all but the ``resources.*`` placement keys)."""
+        return {k: v for k, v in self.overrides.items() if not k.startswith("resources.")}
 
 
 @dataclass
@@ -180,6 +193,12 @@ def _check_cell(cell: Cell, spec: GridSpec) -> None:
     for key in ("fit", "routing", "skip_calibration"):
         if key in cell.overrides and not isinstance(cell.overrides[key], bool):
             raise ValueError(f"{spec.path}: cell {cell.name}: {key} must be true or false, got {cell.overrides[key]!r}")
+    for name, value in cell.resources.items():
+        if name not in RESOURCES:
+            raise ValueError(f"{spec.path}: cell {cell.name}: unknown key resources.{name}; known: "
+                             + ", ".join(f"resources.{r}" for r in RESOURCES))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{spec.path}: cell {cell.name}: resources.{name} must be a number >= 0, got {value!r}")
     if stage == "lora" and cell.fits and spec.lora_base is None:
         raise ValueError(f"{spec.path}: cell {cell.name} has stage: lora but the grid names no lora_base recipe")
 
