@@ -204,3 +204,29 @@ def test_a_task_that_raises_is_listed_by_its_exception_and_its_chain_as_not_run(
     tasks = {first: (cell_a, "", None), second: (cell_b, "", first)}
     assert executor._failure(raised.value, first, tasks) == "not run: method=topk, before it in its chain, failed"
     assert executor._failure(raised.value, None, tasks) == "RuntimeError: cell exploded\nsecond line"
+
+
+def test_a_cells_resources_come_from_the_cell_then_the_flags_then_the_cluster(tmp_path, tiny_model_dir, tiny_corpus,
+                                                                              monkeypatch):
+    """Default: one GPU per cell when the cluster has GPUs, none without; a cell's resources.* win over flags."""
+    from wide.grid import ray_executor
+    from wide.grid.runner import GridRunner
+
+    class FakeRay:  # only what resources() reads: the cluster's totals
+        def __init__(self, gpus):
+            self.gpus = gpus
+
+        def cluster_resources(self):
+            return {"CPU": 16.0, "GPU": self.gpus}
+
+    path = grid_file(tmp_path, "g", tiny_model_dir, tiny_corpus)
+    plain = load_grid(path)
+    four_cpus = load_grid(path, extra_overrides={"resources.cpus": 4})
+    cell, cell4 = plain.cells()[0], four_cpus.cells()[0]
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: FakeRay(gpus=8.0))
+    assert ray_executor.RayExecutor(GridRunner(plain)).resources(cell) == {"gpus": 1, "cpus": 1.0}
+    assert ray_executor.RayExecutor(GridRunner(four_cpus)).resources(cell4) == {"gpus": 1, "cpus": 4}
+    assert ray_executor.RayExecutor(GridRunner(plain), gpus_per_cell=0.5).resources(cell) == {"gpus": 0.5, "cpus": 1.0}
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: FakeRay(gpus=0.0))
+    assert ray_executor.RayExecutor(GridRunner(plain)).resources(cell) == {"gpus": 0, "cpus": 1.0}
+    assert ray_executor.RayExecutor(GridRunner(plain), cpus_per_cell=2).resources(cell) == {"gpus": 0, "cpus": 2}
