@@ -10,7 +10,9 @@ dense cell (``routing: false``) only evaluate. Output, under the grid's ``output
     results.csv, results.md, plots/score_vs_sparsity.png, plots/sparsity_heatmap.png, plots/heatmaps/<cell>.png
 
 Re-running the same command skips finished cells (and reuses finished fits); a cell whose settings
-changed since it finished runs again.
+changed since it finished runs again. Cells run on this machine (``--jobs N --devices 0,1``), or as Ray
+tasks with ``--executor ray`` (a local Ray instance) or ``--ray-address`` (a cluster): see
+:mod:`wide.grid.ray_executor`.
 """
 
 from __future__ import annotations
@@ -21,18 +23,49 @@ from typing import Optional, Sequence
 
 from wide.grid.spec import Axis, Cell, GridSpec, load_grid, parse_set
 
-__all__ = ["Axis", "Cell", "GridSpec", "grid_main", "load_grid", "run_grid"]
+__all__ = ["EXECUTORS", "Axis", "Cell", "GridSpec", "grid_main", "load_grid", "run_grid"]
+
+
+EXECUTORS = ("local", "ray")
 
 
 def run_grid(path: str, *, output: Optional[str] = None, overrides: Optional[dict] = None, launcher: str = "subprocess",
              force: bool = False, fail_fast: bool = False, only: Sequence[str] = (), verbose: bool = False,
-             jobs: int = 1, devices: Sequence[str] = ()) -> dict:
-    """Loads and runs a grid file; returns ``{"done", "skipped", "failed", "cells"}`` (lists of cell names)."""
+             jobs: int = 1, devices: Sequence[str] = (), executor: Optional[str] = None,
+             ray_address: Optional[str] = None, gpus_per_cell: Optional[float] = None,
+             cpus_per_cell: Optional[float] = None) -> dict:
+    """Loads and runs a grid file; returns ``{"done", "skipped", "failed", "cells"}`` (lists of cell names).
+
+    ``executor``: ``local`` (this machine, ``jobs``/``devices``) or ``ray`` (each cell a Ray task asking for
+    ``gpus_per_cell``/``cpus_per_cell``, on a local Ray instance or the cluster at ``ray_address``);
+    default ``ray`` when ``ray_address`` is given, else ``local``.
+    """
+    spec = load_grid(path, output=output, extra_overrides=overrides)
+    return _executor(spec, launcher=launcher, force=force, fail_fast=fail_fast, only=list(only), verbose=verbose,
+                     jobs=jobs, devices=list(devices), executor=executor, ray_address=ray_address,
+                     gpus_per_cell=gpus_per_cell, cpus_per_cell=cpus_per_cell).run()
+
+
+def _executor(spec: GridSpec, *, executor: Optional[str], ray_address: Optional[str],
+              gpus_per_cell: Optional[float], cpus_per_cell: Optional[float], **runner_args):
+    """The runner (local) or Ray executor of a grid, its settings checked before anything runs."""
     from wide.grid.runner import GridRunner
 
-    spec = load_grid(path, output=output, extra_overrides=overrides)
-    return GridRunner(spec, launcher=launcher, force=force, fail_fast=fail_fast, only=list(only),
-                      verbose=verbose, jobs=jobs, devices=list(devices)).run()
+    if executor is None:
+        executor = "ray" if ray_address else "local"
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor: must be one of {EXECUTORS}, got {executor!r}")
+    runner = GridRunner(spec, **runner_args)
+    if executor == "local":
+        given = [flag for flag, value in (("--ray-address", ray_address), ("--gpus-per-cell", gpus_per_cell),
+                                          ("--cpus-per-cell", cpus_per_cell)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with --executor ray (the local executor uses --jobs/--devices)")
+        return runner
+    from wide.grid.ray_executor import RayExecutor
+
+    return RayExecutor(runner, address=ray_address, gpus_per_cell=gpus_per_cell,
+                       cpus_per_cell=1.0 if cpus_per_cell is None else cpus_per_cell)
 
 
 def grid_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -46,15 +79,26 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("grid", help="grid YAML file")
     p.add_argument("--output", default=None, help="output folder (default: the file's `output`, else runs/grid/<stem>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for every cell (a LightningCLI dotted key, calibrate./lora. scoped key, or eval.<option>), "
-                        "applied before the axes (an axis setting the same key wins); repeatable")
+                   help="override for every cell (a LightningCLI dotted key, calibrate./lora. scoped key, eval.<option> "
+                        "or resources.gpus/cpus), applied before the axes (an axis setting the same key wins); repeatable")
     p.add_argument("--launcher", default="subprocess", choices=["subprocess", "inprocess"],
                    help="run each fit/eval in a fresh process (default) or in this one")
     p.add_argument("--only", action="append", default=[], metavar="SUBSTRING", help="run only matching cells (repeatable)")
+    p.add_argument("--executor", default=None, choices=EXECUTORS,
+                   help="local: this machine's worker threads (--jobs, --devices; the default); ray: each cell a Ray "
+                        "task on a local Ray instance, or on the cluster of --ray-address or RAY_ADDRESS "
+                        '(pip install "wide[ray]")')
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to run the cells on (e.g. ray://head:10001, auto); implies --executor ray")
+    p.add_argument("--gpus-per-cell", type=float, default=None, metavar="N",
+                   help="Ray: GPUs each cell's task asks for unless the cell sets resources.gpus (default: 1 when the "
+                        "cluster has GPUs, else 0; fractions share a GPU)")
+    p.add_argument("--cpus-per-cell", type=float, default=None, metavar="N",
+                   help="Ray: CPUs each cell's task asks for unless the cell sets resources.cpus (default 1)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="run up to N cells at once (cells sharing a stage-1 fit stay in order in one worker)")
+                   help="local: run up to N cells at once (cells sharing a stage-1 fit stay in order in one worker)")
     p.add_argument("--devices", default="", metavar="IDS",
-                   help="CUDA devices for the workers, round-robin, e.g. 0,1 (default: inherit CUDA_VISIBLE_DEVICES)")
+                   help="local: CUDA devices for the workers, round-robin, e.g. 0,1 (default: inherit CUDA_VISIBLE_DEVICES)")
     p.add_argument("--force", action="store_true", help="re-run finished cells and fits")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed cell")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
@@ -72,11 +116,12 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
             for path in collect(spec):
                 print(path)
             return 0
-        from wide.grid.runner import GridRunner
-
         devices = [d for d in args.devices.split(",") if d.strip()]
-        summary = GridRunner(spec, launcher=args.launcher, force=args.force, fail_fast=args.fail_fast,
-                             only=args.only, verbose=args.verbose, jobs=args.jobs, devices=devices).run()
+        executor = _executor(spec, launcher=args.launcher, force=args.force, fail_fast=args.fail_fast,
+                             only=args.only, verbose=args.verbose, jobs=args.jobs, devices=devices,
+                             executor=args.executor, ray_address=args.ray_address,
+                             gpus_per_cell=args.gpus_per_cell, cpus_per_cell=args.cpus_per_cell)
+        summary = executor.run()
     except ValueError as err:
         print(f"wide grid: error: {err}", file=sys.stderr)
         return 2
@@ -94,8 +139,8 @@ def _dry_run(spec: GridSpec) -> None:
 
     from wide.grid.commands import eval_argv, fit_argv, lora_alpha
     from wide.grid.runner import GridRunner
-    from wide.grid.spec import signature
 
+    runner = GridRunner(spec)
     cells = spec.cells()
     print(f"{len(cells)} cells, output {spec.output}")
     for cell in cells:
@@ -103,8 +148,7 @@ def _dry_run(spec: GridSpec) -> None:
         ckpt, alpha = None, None
         if cell.fits:
             if cell.calibrates:
-                sig1 = signature({"base": spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
-                run_dir = GridRunner(spec).fit_dir(cell, sig1)
+                run_dir = runner.fit_dir(cell, runner.stage1_signature(cell))
                 print("  wide " + shlex.join(fit_argv(spec, cell, "calibrate", run_dir)))
                 ckpt = run_dir / "routers.safetensors"
             if cell.stage == "lora":

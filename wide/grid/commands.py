@@ -1,4 +1,4 @@
-"""The `wide fit` and `wide eval` command lines of one grid cell, and the configs they resolve to."""
+"""The `wide fit` and `wide eval` command lines of one grid cell."""
 
 from __future__ import annotations
 
@@ -6,17 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from wide.grid.spec import Cell, GridSpec
-
-# wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
-EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
-                "ppl_window", "ppl_stride", "ppl_max_tokens", "add_bos", "task_data", "quiet")
-
-
-def check_eval_options(options: dict[str, Any], where: str) -> None:
-    unknown = [k for k in options if k.replace("-", "_") not in EVAL_OPTIONS]
-    if unknown:
-        raise ValueError(f"{where}: unknown eval option(s) {unknown}; known: {', '.join(EVAL_OPTIONS)}")
+from wide.grid.spec import Cell, GridSpec, config_value, effective_config, routing_dict
 
 
 def cli_value(value: Any) -> str:
@@ -30,49 +20,16 @@ def cli_value(value: Any) -> str:
     return str(value)
 
 
-def effective_config(spec: GridSpec, cell: Cell, stage: str) -> dict[str, Any]:
-    """The stage's base recipe with the cell's overrides applied (OmegaConf-resolved, as `wide fit` sees it)."""
-    from omegaconf import OmegaConf
-
-    base = spec.base if stage == "calibrate" else spec.lora_base
-    cfg = OmegaConf.load(base) if base is not None else OmegaConf.create({})
-    for key, value in cell.cli_overrides(stage).items():
-        OmegaConf.update(cfg, key, value, merge=not isinstance(value, list))
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def _get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def model_name(spec: GridSpec, cell: Cell) -> str:
     from wide.io.loading import DEFAULT_MODEL
 
-    return str(_get(effective_config(spec, cell, "calibrate"), "model.init_args.model", DEFAULT_MODEL))
-
-
-def routing_dict(spec: GridSpec, cell: Cell) -> Optional[dict[str, Any]]:
-    """The cell's effective ``WideConfig`` as a dict (validated), or ``None`` for a dense cell."""
-    if cell.dense:
-        return None
-    from wide.config import WideConfig
-
-    raw = _get(effective_config(spec, cell, "calibrate"), "model.init_args.routing") or {}
-    try:
-        return WideConfig.from_dict(dict(raw)).to_dict()
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"cell {cell.name}: bad routing {raw}: {err}") from err
+    return str(config_value(effective_config(spec, cell, "calibrate"), "model.init_args.model", DEFAULT_MODEL))
 
 
 def lora_alpha(spec: GridSpec, cell: Cell) -> float:
     from wide.io.adapters import DEFAULT_LORA_ALPHA
 
-    return float(_get(effective_config(spec, cell, "lora"), "model.init_args.lora_alpha", DEFAULT_LORA_ALPHA))
+    return float(config_value(effective_config(spec, cell, "lora"), "model.init_args.lora_alpha", DEFAULT_LORA_ALPHA))
 
 
 def fit_argv(spec: GridSpec, cell: Cell, stage: str, run_dir: Path, router_checkpoint: Optional[Path] = None) -> list[str]:

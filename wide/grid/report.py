@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from wide.grid.runner import read_json
+from wide.grid.files import read_json, write_text
 from wide.grid.spec import GridSpec
 
 
@@ -161,8 +161,6 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
 
 def collect(spec: GridSpec, plots: bool = True) -> list[Path]:
     """Writes ``results.csv`` and ``results.md`` (and, with ``plots``, the PNGs); returns the paths."""
-    from wide.grid.runner import write_text
-
     out = Path(spec.output)
     rows = load_rows(spec)
     cols, flat = flat_rows(spec, rows)

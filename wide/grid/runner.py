@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from wide.grid.commands import effective_config, eval_argv, fit_argv, lora_alpha, model_name, routing_dict
-from wide.grid.spec import Cell, GridSpec, signature
+from wide.grid.commands import eval_argv, fit_argv, lora_alpha, model_name
+from wide.grid.files import duration, read_json, write_json
+from wide.grid.spec import Cell, GridSpec, routing_dict, signature
 
 FORMAT = "wide-grid/1"
 LAUNCHERS = ("subprocess", "inprocess")
@@ -23,35 +22,6 @@ LAUNCHERS = ("subprocess", "inprocess")
 
 def _log(msg: str) -> None:
     print(f"wide grid: {msg}", file=sys.stderr, flush=True)
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write (temp file + rename)."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def write_text(path: Path, text: str) -> Path:
-    """Atomic text write (temp file + rename); returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
-
-
-def read_json(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 class CommandFailed(RuntimeError):
@@ -62,7 +32,8 @@ class CommandFailed(RuntimeError):
 
 @dataclass
 class GridRunner:
-    """Runs every cell of ``spec`` in order.
+    """Runs the cells of ``spec``: :meth:`run` on this machine (``jobs`` threads over ``devices``, the
+    fallback without Ray); :class:`wide.grid.ray_executor.RayExecutor` runs the same cells as Ray tasks.
 
     Args:
         spec: The parsed grid.
@@ -130,12 +101,17 @@ class GridRunner:
             sink.flush()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             assert proc.stdout is not None
-            for line in proc.stdout:
-                sink.write(line)
-                sink.flush()
-                if self.verbose:
-                    sys.stderr.write(line)
-            rc = proc.wait()
+            try:
+                for line in proc.stdout:
+                    sink.write(line)
+                    sink.flush()
+                    if self.verbose:
+                        sys.stderr.write(line)
+                rc = proc.wait()
+            except BaseException:  # interrupted (Ctrl-C, a cancelled Ray task): leave no orphaned command
+                proc.kill()
+                proc.wait()
+                raise
         if rc:
             tail = log_path.read_text().strip().splitlines()[-12:]
             raise CommandFailed(what, log_path, f"exit status {rc}\n    " + "\n    ".join(tail))
@@ -174,7 +150,7 @@ class GridRunner:
                      "stage": stage, "cell": cell.name, "overrides": cell.cli_overrides(stage), "wall_s": wall,
                      "argv": ["wide", *argv], "dir": str(run_dir), "checkpoint": str(ckpt)})
         write_json(run_dir / "done.json", info)
-        self.log(f"{prefix} fit {stage} done: {info['steps']} steps, {info['tokens']:,} tokens, {_duration(wall)}")
+        self.log(f"{prefix} fit {stage} done: {info['steps']} steps, {info['tokens']:,} tokens, {duration(wall)}")
         return info
 
     def fit_dir(self, cell: Cell, sig: str) -> Path:
@@ -182,8 +158,17 @@ class GridRunner:
         return self.out / "fits" / f"calibrate-{sig}"
 
     # ---------------------------------------------------------------------------------------- cells
+    def stage1_signature(self, cell: Cell) -> str:
+        """What a stage-1 fit depends on: cells with equal ones share the fit."""
+        return signature({"base": self.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
+
+    def untrained_eval_signature(self, cell: Cell) -> str:
+        """The eval signature of a cell that trains nothing (the key of ``eval_cache``)."""
+        argv = eval_argv(self.spec, cell, self.out / "cells" / cell.name / "eval", None, None)
+        return signature({"argv": argv[:-3], "runs": []})
+
     def cell_signature(self, cell: Cell) -> str:
-        return signature({"format": FORMAT, "overrides": cell.overrides, "eval": self.spec.eval,
+        return signature({"format": FORMAT, "overrides": cell.settings(), "eval": self.spec.eval,
                           "calibrate": self.spec.base_text("calibrate") if cell.fits else "",
                           "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
                           "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
@@ -199,7 +184,7 @@ class GridRunner:
         if cell.fits:
             sig1 = None
             if cell.calibrates:
-                sig1 = signature({"base": self.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
+                sig1 = self.stage1_signature(cell)
                 runs["calibrate"] = self._fit(cell, "calibrate", self.fit_dir(cell, sig1), sig1, prefix)
                 checkpoint = Path(runs["calibrate"]["checkpoint"])
             if cell.stage == "lora":
@@ -254,17 +239,115 @@ class GridRunner:
         write_json(cell_dir / "result.json", row)
         return row
 
-    def _run_parallel(self, todo: list[Cell], run_one: Callable[[Cell], None], stop: threading.Event) -> None:
-        """Runs worker groups on up to ``jobs`` threads; each thread's commands get one device."""
+    def chains(self, cells: list[Cell]) -> list[list[Cell]]:
+        """Cells that must run in order, one after the other: those sharing a stage-1 fit (the first runs it,
+        the others reuse it), and untrained cells evaluating the same model (the later ones copy the first's
+        result). Every other cell is a chain of its own."""
+        groups: dict[str, list[Cell]] = {}
+        for cell in cells:
+            if cell.calibrates:
+                key = str(self.fit_dir(cell, self.stage1_signature(cell)))
+            elif not cell.fits:
+                key = "eval:" + self.untrained_eval_signature(cell)
+            else:
+                key = "cell:" + cell.name
+            groups.setdefault(key, []).append(cell)
+        return list(groups.values())
+
+    # -------------------------------------------------------------------------------- one grid run
+    def plan(self) -> "Plan":
+        """Writes ``grid.json`` and sorts the selected cells into finished (skipped) and to run."""
+        cells = self.spec.cells()
+        if self.only:
+            cells = [c for c in cells if any(s in c.name for s in self.only)]
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.out / "grid.json", {"format": FORMAT, "grid": str(self.spec.path), "spec": self.spec.raw,
+                                            "overrides": self.spec.overrides, "eval": self.spec.eval,
+                                            "cells": [c.name for c in self.spec.cells()]})
+        plan = Plan(cells=cells)
+        for cell in cells:
+            prev = read_json(self.out / "cells" / cell.name / "result.json")
+            prev_eval = self.out / "cells" / cell.name / "eval" / "results.json"
+            if not self.force and prev and prev.get("eval_signature") and prev_eval.is_file():
+                plan.eval_cache.setdefault(prev["eval_signature"], prev_eval)
+            if not self.force and prev and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell):
+                plan.skipped.append(cell.name)
+            else:
+                if prev and prev.get("signature") != self.cell_signature(cell):
+                    self.log(f"{cell.name}: settings changed since its last run; running it again")
+                plan.todo.append(cell)
+        self.log(f"{len(cells)} cells in {self.out} ({len(plan.skipped)} already finished, {len(plan.todo)} to run, "
+                 f"launcher {self.launcher})")
+        for name in plan.skipped:
+            self.log(f"[skip] {name}: finished earlier")
+        return plan
+
+    def attempt(self, cell: Cell, prefix: str, eval_cache: dict[str, Path]) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+        """Runs one cell; returns ``(result row, None)`` or ``(None, error text)`` for a failed cell."""
+        try:
+            return self.run_cell(cell, prefix, eval_cache), None
+        except (CommandFailed, ValueError) as err:
+            return None, str(err)
+
+    def record(self, plan: "Plan", cell: Cell, prefix: str, row: Optional[dict[str, Any]], error: Optional[str],
+               elapsed: float) -> None:
+        """Books a finished or failed cell: its ``error.txt``, progress lines and the interim tables."""
+        from wide.grid.report import collect
+
+        error_txt = self.out / "cells" / cell.name / "error.txt"
+        with self._lock:
+            if row is None:
+                plan.failed.append(cell.name)
+                error_txt.parent.mkdir(parents=True, exist_ok=True)
+                error_txt.write_text(f"{error}\n")
+                self.log(f"{prefix} FAILED: {error}")
+                if self.fail_fast:
+                    plan.stop.set()
+            else:
+                plan.done.append(cell.name)
+                error_txt.unlink(missing_ok=True)
+                self.log(f"{prefix} done in {duration(elapsed)}: {describe(row['summary'])}")
+            collect(self.spec, plots=False)
+            finished = len(plan.done) + len(plan.failed)
+            spent = time.perf_counter() - plan.t_start
+            left = len(plan.todo) - finished
+            eta = f", ~{duration(spent / finished * left)} left" if left > 0 else ""  # throughput so far
+            self.log(f"progress: {len(plan.skipped) + finished}/{len(plan.cells)} cells ({len(plan.done)} run, "
+                     f"{len(plan.skipped)} skipped, {len(plan.failed)} failed), elapsed {duration(spent)}{eta}")
+
+    def finish(self, plan: "Plan") -> dict[str, Any]:
+        """Writes the final tables and plots; returns ``{"done", "skipped", "failed", "cells"}``."""
+        from wide.grid.report import collect
+
+        paths = collect(self.spec, plots=True)
+        self.log("wrote " + ", ".join(str(p) for p in paths))
+        if plan.failed:
+            self.log(f"{len(plan.failed)} cell(s) failed: {', '.join(plan.failed)} (see cells/<name>/error.txt); "
+                     "re-run the same command to retry them")
+        return {"done": plan.done, "skipped": plan.skipped, "failed": plan.failed, "cells": [c.name for c in plan.cells]}
+
+    # ----------------------------------------------------------- the home-made scheduler (no Ray)
+    def run_one(self, plan: "Plan", cell: Cell) -> None:
+        with self._lock:
+            prefix = plan.next_prefix(cell)
+        t0 = time.perf_counter()
+        row, error = self.attempt(cell, prefix, plan.eval_cache)
+        self.record(plan, cell, prefix, row, error, time.perf_counter() - t0)
+
+    def _run_parallel(self, plan: "Plan") -> None:
+        """Runs the chains on up to ``jobs`` threads; each thread's commands get one device.
+
+        The fallback when Ray is not used (``--executor local``): one machine, whole chains per worker.
+        """
         import queue
         from concurrent.futures import ThreadPoolExecutor
 
-        groups = _worker_groups(self, todo)
+        groups = self.chains(plan.todo)
         slots: "queue.Queue[int]" = queue.Queue()
         for k in range(self.jobs):
             slots.put(k)
         devices = [str(d).strip() for d in self.devices]
-        self.log(f"{len(todo)} cells in {len(groups)} independent group(s), {self.jobs} at once"
+        self.log(f"{len(plan.todo)} cells in {len(groups)} independent group(s), {self.jobs} at once"
                  + (f" on CUDA devices {','.join(devices)}" if devices else ""))
 
         def work(group: list[Cell]) -> None:
@@ -272,9 +355,9 @@ class GridRunner:
             self._local.device = devices[slot % len(devices)] if devices else None
             try:
                 for cell in group:
-                    if stop.is_set():
+                    if plan.stop.is_set():
                         return
-                    run_one(cell)
+                    self.run_one(plan, cell)
             finally:
                 self._local.device = None
                 slots.put(slot)
@@ -284,103 +367,50 @@ class GridRunner:
                 fut.result()
 
     def run(self) -> dict[str, Any]:
-        """Runs the grid; returns ``{"done", "skipped", "failed", "cells"}`` and writes the reports."""
-        from wide.grid.report import collect
-
-        cells = self.spec.cells()
-        if self.only:
-            cells = [c for c in cells if any(s in c.name for s in self.only)]
-        self.out.mkdir(parents=True, exist_ok=True)
-        write_json(self.out / "grid.json", {"format": FORMAT, "grid": str(self.spec.path), "spec": self.spec.raw,
-                                            "overrides": self.spec.overrides, "eval": self.spec.eval,
-                                            "cells": [c.name for c in self.spec.cells()]})
-        eval_cache: dict[str, Path] = {}
-        todo, skipped = [], []
-        for cell in cells:
-            prev = read_json(self.out / "cells" / cell.name / "result.json")
-            prev_eval = self.out / "cells" / cell.name / "eval" / "results.json"
-            if not self.force and prev and prev.get("eval_signature") and prev_eval.is_file():
-                eval_cache.setdefault(prev["eval_signature"], prev_eval)
-            if not self.force and prev and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell):
-                skipped.append(cell.name)
-            else:
-                if prev and prev.get("signature") != self.cell_signature(cell):
-                    self.log(f"{cell.name}: settings changed since its last run; running it again")
-                todo.append(cell)
-        total = len(cells)
-        self.log(f"{total} cells in {self.out} ({len(skipped)} already finished, {len(todo)} to run, "
-                 f"launcher {self.launcher})")
-        for name in skipped:
-            self.log(f"[skip] {name}: finished earlier")
-        failed, done = [], []
-        t_start = time.perf_counter()
-        counter = [0]
-        stop = threading.Event()
-
-        def run_one(cell: Cell) -> None:
-            with self._lock:
-                counter[0] += 1
-                prefix = f"[{len(skipped) + counter[0]}/{total}] {cell.name}:"
-            t0 = time.perf_counter()
-            try:
-                row = self.run_cell(cell, prefix, eval_cache)
-            except (CommandFailed, ValueError) as err:
-                with self._lock:
-                    failed.append(cell.name)
-                (self.out / "cells" / cell.name / "error.txt").write_text(str(err) + "\n")
-                self.log(f"{prefix} FAILED: {err}")
-                if self.fail_fast:
-                    stop.set()
-            else:
-                with self._lock:
-                    done.append(cell.name)
-                s = row["summary"]
-                parts = []
-                if s.get("ppl") is not None:
-                    parts.append(f"ppl {s['ppl']:.2f}")
-                if s.get("avg") is not None:
-                    parts.append(f"avg {100 * s['avg']:.1f}")
-                parts.append(f"sparsity {100 * s['sparsity']['sparsity']:.1f}% (target {100 * s['target_sparsity']:.0f}%)")
-                self.log(f"{prefix} done in {_duration(time.perf_counter() - t0)}: " + " · ".join(parts))
-            with self._lock:
-                collect(self.spec, plots=False)
-                finished = len(done) + len(failed)
-                elapsed = time.perf_counter() - t_start
-                left = len(todo) - finished
-                eta = f", ~{_duration(elapsed / finished * left)} left" if left else ""  # throughput so far
-                self.log(f"progress: {len(skipped) + finished}/{total} cells ({len(done)} run, {len(skipped)} skipped, "
-                         f"{len(failed)} failed), elapsed {_duration(elapsed)}{eta}")
-
+        """Runs the grid on this machine; returns ``{"done", "skipped", "failed", "cells"}`` and writes the reports."""
+        plan = self.plan()
+        if any(c.resources for c in plan.todo):
+            self.log("resources.* settings only place Ray tasks (--executor ray); the local executor ignores them")
         if self.jobs == 1 and not self.devices:  # with devices, the one worker's commands get devices[0]
-            for cell in todo:
-                if stop.is_set():
+            for cell in plan.todo:
+                if plan.stop.is_set():
                     break
-                run_one(cell)
+                self.run_one(plan, cell)
         else:
-            self._run_parallel(todo, run_one, stop)
-        paths = collect(self.spec, plots=True)
-        self.log("wrote " + ", ".join(str(p) for p in paths))
-        if failed:
-            self.log(f"{len(failed)} cell(s) failed: {', '.join(failed)} (see cells/<name>/error.txt); "
-                     "re-run the same command to retry them")
-        return {"done": done, "skipped": skipped, "failed": failed, "cells": [c.name for c in cells]}
+            self._run_parallel(plan)
+        return self.finish(plan)
 
 
-def _worker_groups(runner: "GridRunner", cells: list[Cell]) -> list[list[Cell]]:
-    """Cells that must run in order in one worker: those sharing a stage-1 fit (the fit runs once, its
-    cells reuse it), and untrained cells evaluating the same model (the second copies the first's result)."""
-    groups: dict[str, list[Cell]] = {}
-    for cell in cells:
-        if cell.calibrates:
-            sig1 = signature({"base": runner.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
-            key = str(runner.fit_dir(cell, sig1))
-        elif not cell.fits:
-            argv = eval_argv(runner.spec, cell, runner.out / "cells" / cell.name / "eval", None, None)
-            key = "eval:" + signature({"argv": argv[:-3]})
-        else:
-            key = "cell:" + cell.name
-        groups.setdefault(key, []).append(cell)
-    return list(groups.values())
+@dataclass
+class Plan:
+    """One run of a grid: the selected cells, those to run, and the tally so far."""
+
+    cells: list[Cell]
+    todo: list[Cell] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    eval_cache: dict[str, Path] = field(default_factory=dict)
+    """``{eval signature: results.json}`` of finished evals (a cell with the same one copies the result)."""
+    done: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    t_start: float = field(default_factory=time.perf_counter)
+    started: int = 0
+
+    def next_prefix(self, cell: Cell) -> str:
+        """``[k/total] name:``, numbered in the order cells start (finished cells count first)."""
+        self.started += 1
+        return f"[{len(self.skipped) + self.started}/{len(self.cells)}] {cell.name}:"
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """``ppl 12.34 · avg 45.6 · sparsity 49.8% (target 50%)`` of an eval summary."""
+    parts = []
+    if summary.get("ppl") is not None:
+        parts.append(f"ppl {summary['ppl']:.2f}")
+    if summary.get("avg") is not None:
+        parts.append(f"avg {100 * summary['avg']:.1f}")
+    parts.append(f"sparsity {100 * summary['sparsity']['sparsity']:.1f}% (target {100 * summary['target_sparsity']:.0f}%)")
+    return " · ".join(parts)
 
 
 def run_stats(run_dir: Path, checkpoint: Path) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Grid files: a base `wide fit` recipe, axes of overrides, and the cells their Cartesian product makes.
+"""Grid files: a base `wide fit` recipe, axes of overrides, the cells their Cartesian product makes, and
+the config each cell resolves to.
 
 A grid file (YAML)::
 
@@ -32,6 +33,8 @@ Override keys of a cell (the axes' overrides merged in order, later axes win):
   ``stage: lora`` stage 2 starts from the cell's routing (no router checkpoint).
 * ``routing``: ``false`` for the dense model (implies no fit).
 * ``eval.<flag>``: a ``wide eval`` option for this cell (``eval.limit: 50``).
+* ``resources.gpus`` / ``resources.cpus``: what the cell's Ray task asks for under ``wide grid --executor ray``
+  (default: ``--gpus-per-cell`` / ``--cpus-per-cell``); placement only, so not part of the cell's signature.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ ROUTING_PREFIX = "model.init_args.routing."
 RESULT_COLUMNS = {"cell", "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity", "ppl", "avg"}
 """Column names of results.csv that an axis may not take."""
 GRID_KEYS = {"base", "lora_base", "output", "overrides", "eval", "axes", "description"}
+RESOURCES = ("gpus", "cpus")
+"""``resources.<name>`` keys a cell may set (what its Ray task asks for)."""
+# wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
+EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
+                "ppl_window", "ppl_stride", "ppl_max_tokens", "add_bos", "task_data", "quiet")
 
 
 @dataclass
@@ -107,7 +115,7 @@ class Cell:
         """The dotted LightningCLI overrides of one stage (``calibrate`` or ``lora``)."""
         out = {}
         for key, value in self.overrides.items():
-            if key in RESERVED or key.startswith("eval."):
+            if key in RESERVED or key.startswith(("eval.", "resources.")):
                 continue
             scope, _, rest = key.partition(".")
             if scope in STAGES:
@@ -121,6 +129,15 @@ class Cell:
 
     def eval_overrides(self) -> dict[str, Any]:
         return {k[len("eval."):]: v for k, v in self.overrides.items() if k.startswith("eval.")}
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """``{"gpus": n, "cpus": n}`` as far as the cell sets them (``resources.*`` keys)."""
+        return {k[len("resources."):]: v for k, v in self.overrides.items() if k.startswith("resources.")}
+
+    def settings(self) -> dict[str, Any]:
+        """The overrides that decide the cell's results (all but the ``resources.*`` placement keys)."""
+        return {k: v for k, v in self.overrides.items() if not k.startswith("resources.")}
 
 
 @dataclass
@@ -176,6 +193,12 @@ def _check_cell(cell: Cell, spec: GridSpec) -> None:
     for key in ("fit", "routing", "skip_calibration"):
         if key in cell.overrides and not isinstance(cell.overrides[key], bool):
             raise ValueError(f"{spec.path}: cell {cell.name}: {key} must be true or false, got {cell.overrides[key]!r}")
+    for name, value in cell.resources.items():
+        if name not in RESOURCES:
+            raise ValueError(f"{spec.path}: cell {cell.name}: unknown key resources.{name}; known: "
+                             + ", ".join(f"resources.{r}" for r in RESOURCES))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{spec.path}: cell {cell.name}: resources.{name} must be a number >= 0, got {value!r}")
     if stage == "lora" and cell.fits and spec.lora_base is None:
         raise ValueError(f"{spec.path}: cell {cell.name} has stage: lora but the grid names no lora_base recipe")
 
@@ -251,8 +274,6 @@ def load_grid(path: str | Path, *, output: Optional[str | Path] = None,
     spec = GridSpec(path=path.resolve(), base=rel(raw["base"]), lora_base=rel(raw.get("lora_base")), output=out,
                     overrides=overrides, eval=evals, axes=axes, description=str(raw.get("description", "")),
                     raw=copy.deepcopy(raw))
-    from wide.grid.commands import check_eval_options
-
     check_eval_options(spec.eval, str(path))
     cells = spec.cells()
     seen = set()
@@ -262,10 +283,48 @@ def load_grid(path: str | Path, *, output: Optional[str | Path] = None,
         seen.add(cell.name)
         check_eval_options(cell.eval_overrides(), f"{path}: cell {cell.name}")
         if not cell.fits and not cell.dense:
-            from wide.grid.commands import routing_dict
-
             routing_dict(spec, cell)  # a training-free cell's routing must be valid before anything runs
     return spec
+
+
+def check_eval_options(options: dict[str, Any], where: str) -> None:
+    unknown = [k for k in options if k.replace("-", "_") not in EVAL_OPTIONS]
+    if unknown:
+        raise ValueError(f"{where}: unknown eval option(s) {unknown}; known: {', '.join(EVAL_OPTIONS)}")
+
+
+def effective_config(spec: GridSpec, cell: Cell, stage: str) -> dict[str, Any]:
+    """The stage's base recipe with the cell's overrides applied (OmegaConf-resolved, as `wide fit` sees it)."""
+    from omegaconf import OmegaConf
+
+    base = spec.base if stage == "calibrate" else spec.lora_base
+    cfg = OmegaConf.load(base) if base is not None else OmegaConf.create({})
+    for key, value in cell.cli_overrides(stage).items():
+        OmegaConf.update(cfg, key, value, merge=not isinstance(value, list))
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def config_value(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """``cfg["a"]["b"]`` for ``"a.b"``, or ``default`` when a part is missing."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def routing_dict(spec: GridSpec, cell: Cell) -> Optional[dict[str, Any]]:
+    """The cell's effective ``WideConfig`` as a dict (validated), or ``None`` for a dense cell."""
+    if cell.dense:
+        return None
+    from wide.config import WideConfig
+
+    raw = config_value(effective_config(spec, cell, "calibrate"), "model.init_args.routing") or {}
+    try:
+        return WideConfig.from_dict(dict(raw)).to_dict()
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"cell {cell.name}: bad routing {raw}: {err}") from err
 
 
 def signature(payload: Any) -> str:

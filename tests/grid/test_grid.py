@@ -6,59 +6,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.fakes import build_fake_olmo_eval
+from grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, write_grid
 from wide.grid import grid_main, load_grid, run_grid
 from wide.grid.commands import eval_argv, fit_argv
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
-ROOT = Path(__file__).resolve().parents[1]
 ABLATIONS = sorted((ROOT / "recipes" / "ablations").glob("*.yaml"))
-SMOL = ROOT / "recipes" / "smollm2-135m"
-
-
-@pytest.fixture(scope="module")
-def olmo_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("wide-cache")
-    build_fake_olmo_eval(cache)
-    return cache
-
-
-@pytest.fixture(autouse=True)
-def _cache_env(olmo_cache, monkeypatch):
-    monkeypatch.setenv("WIDE_CACHE", str(olmo_cache))
-
-
-def tiny_overrides(model_dir, corpus):
-    return {
-        "model.init_args.model": model_dir,
-        "model.init_args.routing.attn_group_size": 2,
-        "model.init_args.routing.ffn_group_size": 32,
-        "data.source": corpus, "data.seq_len": 32, "data.batch_size": 2, "data.max_val_tokens": 256,
-        "trainer.accelerator": "cpu", "trainer.devices": 1, "trainer.precision": "32-true",
-        "trainer.max_steps": 2, "trainer.val_check_interval": 2, "trainer.limit_val_batches": 1,
-        "trainer.enable_progress_bar": False, "trainer.enable_model_summary": False,
-        "wide_checkpoint.every_n_steps": 0, "sparsity_monitor.heatmap_every_n_steps": 0,
-    }
-
-
-def write_grid(path, model_dir, corpus, axes, lora=False, **extra):
-    grid = {"base": str(SMOL / "calibrate.yaml"), "output": str(path.parent / "out"),
-            "overrides": tiny_overrides(model_dir, corpus),
-            "eval": {"tasks": "all", "limit": 2, "ppl_window": 32, "batch_size": 4, "device": "cpu"},
-            "axes": axes, **extra}
-    if lora:
-        grid["lora_base"] = str(SMOL / "lora.yaml")
-        grid["overrides"]["lora.model.init_args.lora_r"] = 4
-    path.write_text(yaml.safe_dump(grid, sort_keys=False))
-    return path
-
-
-METHOD_X_SPARSITY = [
-    {"name": "method", "values": {"topk": {"fit": False, "model.init_args.routing.router": "topk"},
-                                  "wide": {"model.init_args.routing.router": "lowrank"}}},
-    {"name": "target", "key": "model.init_args.routing.sparsity", "values": [0.25, 0.5]},
-]
 
 
 # ------------------------------------------------------------------------------------------ spec
@@ -103,8 +57,10 @@ def test_stage_scoping(tmp_path, tiny_model_dir, tiny_corpus):
     (lambda g: g["axes"].append({"name": "s", "key": "stage", "values": ["distill"]}), "stage must be"),
     (lambda g: g["eval"].update(bogus=1), "unknown eval option"),
     (lambda g: g["axes"][0]["values"]["topk"].update({"model.init_args.routing.granularity": "nope"}), "granularity"),
+    (lambda g: g["overrides"].update({"resources.gpu": 1}), "unknown key resources.gpu"),
+    (lambda g: g["axes"][0]["values"]["wide"].update({"resources.cpus": -1}), "resources.cpus must be a number >= 0"),
 ], ids=["no-base", "unknown-key", "bad-axis", "bad-values", "clash", "lora-needs-base", "bad-stage", "bad-eval",
-        "bad-routing"])
+        "bad-routing", "bad-resource", "negative-resource"])
 def test_bad_grids_fail_before_running(tmp_path, tiny_model_dir, tiny_corpus, mutate, message):
     path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, json.loads(json.dumps(METHOD_X_SPARSITY)))
     grid = yaml.safe_load(path.read_text())
@@ -288,8 +244,8 @@ def test_one_worker_on_a_named_device_runs_its_commands_there(tmp_path, tiny_mod
     path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes)
     seen = []
 
-    def fake_parallel(self, todo, run_one, stop):
-        seen.append((self.jobs, list(self.devices), len(todo)))
+    def fake_parallel(self, plan):
+        seen.append((self.jobs, list(self.devices), len(plan.todo)))
 
     monkeypatch.setattr(GridRunner, "_run_parallel", fake_parallel)
     grid_main([str(path), "--devices", "1"])
