@@ -491,12 +491,12 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
             _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
 
 
-KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD", "WIDE_PERSISTENT_MN")
+KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND",)
 
 
 def kernel_switches() -> dict:
-    """The environment variables that change which kernels or configs routed ops take, where set: a table timed
-    under one of them says so (report line and JSON ``env``)."""
+    """The environment variables that change which kernels routed ops take, where set: a table timed under one
+    of them says so (report line and JSON ``env``; the kernel options it ran with go to ``kernel_options``)."""
     return {k: os.environ[k] for k in KERNEL_SWITCHES if k in os.environ}
 
 
@@ -677,7 +677,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--attn-group-size", type=int, default=None)
     p.add_argument("--ffn-group-size", type=int, default=128)
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
+    from wide.kernels import backend_choices
+
+    p.add_argument("--backend", default="auto", choices=backend_choices())
+    p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
+                   help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
+                        "persistent_mn, skinny_swap, decode_fold), e.g. skinny_swap=0; repeatable")
     p.add_argument("--router", choices=["random", "lowrank"], default="random",
                    help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
                         "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
@@ -724,10 +729,17 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    from wide.kernels import KernelOptions, use_kernel_options
+
+    try:
+        options = KernelOptions.parse(args.kernel_option)
+    except ValueError as err:
+        raise SystemExit(f"wide bench: {err}") from None
     t0 = time.time()
-    if args.quality:
-        return quality_main(args)
-    rows = run(args)
+    with use_kernel_options(options):
+        if args.quality:
+            return quality_main(args)
+        rows = run(args)
     table = format_table(rows)
     print(table)
     seen = set()
@@ -745,9 +757,12 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     switches = kernel_switches()
     if switches:
         print("kernel switches from the environment: " + ", ".join(f"{k}={v}" for k, v in switches.items()))
+    if options.changed():
+        print("kernel options: " + ", ".join(f"{k}={int(v)}" for k, v in options.changed().items()))
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": dev, "torch": torch.__version__, "args": vars(args),
-                                               "env": switches, "rows": rows}, indent=2))
+                                               "env": switches, "kernel_options": options.changed(), "rows": rows},
+                                              indent=2))
     return 0
