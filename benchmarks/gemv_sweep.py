@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import bench_graph, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend, make_plan  # noqa: E402
-from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
+from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
 DT, DEV, COPIES = torch.bfloat16, "cuda", 8
 SHAPES = {  # name: (op, N, K, group) of one Llama-3.1-8B layer (attention groups: 4 heads of 128)

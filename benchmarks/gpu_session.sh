@@ -111,20 +111,23 @@ _decode)
   ;;
 _ab)
   # an A/B of the decode rows in one run: each router (random, lowrank) without and with the bench option in
-  # AB_FLAG (default --no-overlap-routing), or with the environment AB_ENV (e.g. WIDE_SKINNY_SWAP=0) when set;
-  # AB_TESTS: GPU tests to run first; AB_ROUTERS: the routers (default "random lowrank"); AB_ARGS: the bench's
-  # rows instead of the decode ones (e.g. AB_ARGS="--prefill 1024 4096 16384 --sparsity 0 0.5 0.75 --decode-batch")
+  # AB_FLAG (default --no-overlap-routing), or with the kernel option AB_OPTION (e.g. skinny_swap=0, passed as
+  # --kernel-option) when set; AB_TESTS: GPU tests to run first; AB_ROUTERS: the routers (default "random lowrank");
+  # AB_ARGS: the bench's rows instead of the decode ones (e.g. AB_ARGS="--prefill 1024 4096 16384 --sparsity 0 0.5 0.75
+  # --decode-batch")
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   flag=${AB_FLAG:---no-overlap-routing}
-  [ -n "${AB_ENV:-}" ] && flag=""
+  [ -n "${AB_OPTION:-}" ] && flag="--kernel-option $AB_OPTION"
   [ -n "${AB_TESTS:-}" ] && python3 -m pytest -q -m gpu -p no:cacheprovider $AB_TESTS > /tmp/res/gpu_tests_ab_full.txt 2>&1
   [ -n "${AB_TESTS:-}" ] && tail -5 /tmp/res/gpu_tests_ab_full.txt | tee /tmp/res/gpu_tests_ab.txt
   rows=${AB_ARGS:---prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent}
   for router in ${AB_ROUTERS:-random lowrank}; do for side in A B; do
-    f=""; envs=""
-    if [ $side = B ]; then f=$flag; envs=${AB_ENV:-}; fi
-    tag=${router}$( [ -n "$f" ] && echo _${f#--} )$( [ -n "$envs" ] && echo _${envs%%=*} )
-    env $envs $W bench --fuse-glue --router $router $f $rows \
+    f=""; tag=$router
+    if [ $side = B ]; then
+      f=$flag
+      if [ -n "${AB_OPTION:-}" ]; then tag=${router}_${AB_OPTION%%=*}; elif [ -n "$f" ]; then tag=${router}_${f#--}; fi
+    fi
+    $W bench --fuse-glue --router $router $f $rows \
       --json /tmp/res/bench_ab_$tag.json 2>&1 | tee /tmp/res/bench_ab_$tag.md
   done; done
   [ -z "${AB_ARGS:-}" ] && python3 benchmarks/profile_decode.py --batch 16 --coherent --router lowrank \

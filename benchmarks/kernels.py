@@ -284,7 +284,7 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
             x = x * mask.repeat_interleave(group, -1).to(x.dtype)
             extra["x_masked"] = True
         if patterns:
-            from wide.kernels.triton.gemm import sorted_k_config
+            from wide.kernels.triton.gemm_k import sorted_k_config
 
             extra["patterns"] = patterns
             extra["sorted_tile_share"] = round(plan.tile_share(sorted_k_config(M, N, K, group).block_m), 3)
@@ -297,12 +297,12 @@ def run_gemm(op: str, M: int, group: int, density: float, with_gather: bool, con
     del ref, out
     routed_ms = bench(routed, small)
     gather_ms = bench_eager(gathered, rep_ms=100) if with_gather else None
-    from wide.kernels.triton.gemm import DIRECT_MAX_M
+    from wide.kernels.triton.gemm_mn import DIRECT_MAX_M
 
     needs_plan = op != "gemm_k" and M > DIRECT_MAX_M  # direct and gemm_k kernels read the mask itself
     plan_ms = time_plan(mask, True) if needs_plan else 0.0
     if patterns:  # the sorted tiles' plan (one argsort, a gather, a partition) is built per layer
-        from wide.kernels.triton.gemm import sorted_k_config
+        from wide.kernels.triton.gemm_k import sorted_k_config
 
         bm = sorted_k_config(M, N, K, group).block_m
         plan_ms = bench_eager(lambda: make_plan(mask).tile_order(bm), rep_ms=50)
@@ -530,7 +530,7 @@ def meta() -> dict:
 
 def tune(args) -> list[dict]:
     from wide.kernels.triton.attention import AttentionConfig
-    from wide.kernels.triton.gemm import GemmConfig as C
+    from wide.kernels.triton.common import GemmConfig as C
 
     # run 2 candidates (run 1's winners kept as the first entry of each list)
     mn_perm = [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), C(128, 128, 64, 8, 2), C(128, 128, 32, 8, 4)]

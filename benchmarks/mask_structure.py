@@ -104,7 +104,7 @@ def main() -> None:
     if len(windows) < args.windows:
         raise SystemExit(f"--windows: the held-out corpus has only {len(windows)} windows of {args.tokens} tokens")
 
-    from wide.kernels.triton.gemm import K_SORTED_MAX_SHARE, K_SORTED_MIN_M
+    from wide.kernels.triton.gemm_k import K_SORTED_MAX_SHARE, K_SORTED_MIN_M
 
     gen = torch.Generator().manual_seed(0)
     rows: dict[tuple, list[float]] = {}

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import bench_eager, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
 from wide.kernels import get_backend, make_plan  # noqa: E402
-from wide.kernels.triton.gemm import GemmConfig as C  # noqa: E402
+from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
 DT, DEV = torch.bfloat16, "cuda"
 SHAPES = {"q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128)}  # (op, N, K, group)

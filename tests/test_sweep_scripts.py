@@ -28,7 +28,7 @@ def _load(name: str, monkeypatch):
 @pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("op", ["gemm_mn", "swiglu"])
 def test_prefill_gemm_sweep_candidates(op, wide, monkeypatch):
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     cands = _load("prefill_gemm_sweep", monkeypatch).candidates(op, wide)
     assert cands[0] is None and len(cands) > 2

@@ -9,7 +9,6 @@ from wide.registry import import_class_path
 from wide.routers.base import Router, RouterSpec
 
 TARGETS = ("all", "attention", "ffn")
-BACKENDS = ("auto", "torch", "gather", "triton")
 
 
 @dataclass
@@ -49,7 +48,8 @@ class WideConfig:
     """Bottleneck rank of the ``lowrank`` router (hidden width of ``mlp`` is 4x this)."""
 
     backend: str = "auto"
-    """Kernel backend for routed inference: ``auto``, ``torch``, ``gather`` or ``triton``."""
+    """Kernel backend for routed inference: ``auto`` or a registered backend (``torch``, ``gather``, ``triton``,
+    plug-ins: `wide.kernels.list_backends()`)."""
 
     dense_layers: list[int] = field(default_factory=list)
     """Decoder layer indices left unrouted (always dense); negative indices count from the end."""
@@ -86,8 +86,9 @@ class WideConfig:
             raise ValueError(f"router: must be a registered name or a callable returning a Router, got {self.router!r}")
         if not _positive_int(self.router_rank):
             raise ValueError(f"router_rank: must be a positive integer, got {self.router_rank!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend: must be one of {BACKENDS}, got {self.backend!r}")
+        from wide.kernels.backends import check_backend
+
+        check_backend(self.backend, field="backend")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.dense_layers):
             raise ValueError(f"dense_layers: must be a list of integers, got {self.dense_layers!r}")
         self.dense_layers = list(self.dense_layers)

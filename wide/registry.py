@@ -54,6 +54,12 @@ class Registry(Generic[T]):
                 f"{where}unknown {self.kind} {name!r}.{hint} Registered: {', '.join(sorted(self._items))}"
             ) from None
 
+    def unregister(self, name: str) -> type[T]:
+        """Removes ``name`` (a throw-away plug-in in a test, say) and returns its class."""
+        cls = self.get(name)
+        del self._items[name]
+        return cls
+
     def names(self, pattern: str = "*") -> list[str]:
         return sorted(n for n in self._items if fnmatch.fnmatch(n, pattern))
 

@@ -3,6 +3,8 @@
 import json
 from unittest import mock
 
+import pytest
+
 from wide.bench import bench_main
 
 
@@ -113,18 +115,26 @@ def test_bench_fuses_glue_on_both_sides(tmp_path, tiny_model_dir, capsys):
     assert "wide.fuse_glue" in capsys.readouterr().out
 
 
-def test_bench_reports_the_kernel_switches_it_ran_under(tmp_path, tiny_model_dir, capsys, monkeypatch):
-    """A table timed with an A/B switch set (WIDE_SKINNY_SWAP=0, ...) says so in its report and JSON."""
-    monkeypatch.setenv("WIDE_SKINNY_SWAP", "0")
-    monkeypatch.delenv("WIDE_DECODE_FOLD", raising=False)
-    monkeypatch.delenv("WIDE_PERSISTENT_MN", raising=False)
+def test_bench_reports_the_kernel_options_it_ran_under(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """A table timed with an A/B kernel option (``--kernel-option skinny_swap=0``, ...) says so in its report and
+    JSON; a bad option fails before any compute, naming the flag."""
+    import wide.bench.cli as cli
+    from wide.kernels import kernel_options
+
     monkeypatch.delenv("WIDE_KERNEL_BACKEND", raising=False)
+    seen = []
+    real_run = cli.run_latency
+    monkeypatch.setattr(cli, "run_latency", lambda args: seen.append(kernel_options()) or real_run(args))
     out = tmp_path / "bench.json"
     bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",
                 "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
-                "--json", str(out)])
-    assert json.loads(out.read_text())["env"] == {"WIDE_SKINNY_SWAP": "0"}
-    assert "kernel switches from the environment: WIDE_SKINNY_SWAP=0" in capsys.readouterr().out
+                "--kernel-option", "skinny_swap=0", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["env"] == {} and res["kernel_options"] == {"skinny_swap": False}
+    assert "kernel options: skinny_swap=0" in capsys.readouterr().out
+    assert [o.changed() for o in seen] == [{"skinny_swap": False}] and kernel_options().changed() == {}
+    with pytest.raises(SystemExit, match="--kernel-option: unknown kernel option 'skiny_swap'"):
+        bench_main(["--kernel-option", "skiny_swap=0"])
 
 
 def test_bench_times_chunked_prefills_on_both_sides(tmp_path, tiny_model_dir):

@@ -6,19 +6,22 @@ import pytest
 
 pytest.importorskip("triton")
 
-from wide.kernels.triton import gemm as tg  # noqa: E402
+from wide.kernels import KernelOptions  # noqa: E402
+from wide.kernels.triton import gemm_k as tk  # noqa: E402
+from wide.kernels.triton import gemm_mn as tm  # noqa: E402
+from wide.kernels.triton.common import GemmConfig, for_element_size  # noqa: E402
 
 
 def test_four_byte_operands_halve_the_k_chunk_and_keep_the_rest():
-    cfg = tg.GemmConfig(16, 128, 128, num_warps=4, num_stages=4, split_k=8, variant="list")
-    assert tg.for_element_size(cfg, 2) is cfg
-    half = tg.for_element_size(cfg, 4)
+    cfg = GemmConfig(16, 128, 128, num_warps=4, num_stages=4, split_k=8, variant="list")
+    assert for_element_size(cfg, 2) is cfg
+    half = for_element_size(cfg, 4)
     assert (half.block_m, half.block_n, half.block_k) == (16, 128, 64)
     assert (half.num_warps, half.num_stages, half.split_k, half.variant) == (4, 4, 8, "list")
 
 
 def test_the_k_chunk_never_drops_below_a_tensor_core_step():
-    assert tg.for_element_size(tg.GemmConfig(16, 16, 16), 4).block_k == 16
+    assert for_element_size(GemmConfig(16, 16, 16), 4).block_k == 16
 
 
 def test_decode_attention_takes_the_all_heads_config_at_a_dense_hint(monkeypatch):
@@ -35,8 +38,7 @@ def test_decode_attention_takes_the_all_heads_config_at_a_dense_hint(monkeypatch
     assert ta.default_decode_config(1, 8, 4104, 128, "cpu", 1.0) == ta.default_decode_config(1, 8, 4104, 128, "cpu")
     # few splits (many pairs): the combine folded into the split kernel; many splits keep the second launch
     assert half.fold and full.fold and not ta.default_decode_config(1, 8, 4104, 128, "cpu").fold
-    monkeypatch.setenv("WIDE_DECODE_FOLD", "0")
-    assert not ta.default_decode_config(16, 8, 4104, 128, "cpu", 0.5).fold
+    assert not ta.default_decode_config(16, 8, 4104, 128, "cpu", 0.5, KernelOptions(decode_fold=False)).fold
 
 
 def test_attention_decode_density_is_checked_and_passed_to_the_backend(monkeypatch):
@@ -62,32 +64,58 @@ def test_attention_decode_density_is_checked_and_passed_to_the_backend(monkeypat
 
 def test_decode_sized_gemms_take_the_transposed_tile_unless_switched_off(monkeypatch):
     """M <= 16 gemm_mn / SwiGLU and M <= 32 gemm_k default to ``swap`` (wgmma over 64 weight rows; H200 sweep
-    2026-12-01); narrow gemm_k groups keep the row tiles; ``WIDE_SKINNY_SWAP=0`` gives the row tiles back."""
+    2026-12-01); narrow gemm_k groups keep the row tiles; ``KernelOptions(skinny_swap=False)`` gives the row tiles
+    back."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    q = tg.default_mn_config(16, 4096, 4096, 512, False)[1]
-    gu = tg.default_mn_config(16, 14336, 4096, 128, True)[1]
-    down = tg.default_k_config(16, 4096, 14336, 128)
+    q = tm.default_mn_config(16, 4096, 4096, 512, False)[1]
+    gu = tm.default_mn_config(16, 14336, 4096, 128, True)[1]
+    down = tk.default_k_config(16, 4096, 14336, 128)
     assert q.swap and gu.swap and down.swap and down.variant == "list"
     assert (q.block_n, q.split_k, down.block_n, down.num_stages) == (64, 4, 64, 5)
-    assert tg.affine_k_config(16, 4096, 14336, 128).swap
-    assert not tg.default_k_config(16, 4096, 4096, 32).swap  # 32-wide groups: chunks span groups
-    assert not tg.default_mn_config(1, 4096, 4096, 512, False)[1].swap  # the GEMV has no MMA
-    assert not tg.default_mn_config(64, 4096, 4096, 512, False)[1].swap
-    monkeypatch.setenv("WIDE_SKINNY_SWAP", "0")
-    assert not any(c.swap for c in (tg.default_mn_config(16, 4096, 4096, 512, False)[1],
-                                    tg.default_mn_config(16, 14336, 4096, 128, True)[1],
-                                    tg.default_k_config(16, 4096, 14336, 128), tg.affine_k_config(16, 4096, 14336, 128)))
+    assert tk.affine_k_config(16, 4096, 14336, 128).swap
+    assert not tk.default_k_config(16, 4096, 4096, 32).swap  # 32-wide groups: chunks span groups
+    assert not tm.default_mn_config(1, 4096, 4096, 512, False)[1].swap  # the GEMV has no MMA
+    assert not tm.default_mn_config(64, 4096, 4096, 512, False)[1].swap
+    off = KernelOptions(skinny_swap=False)
+    assert not any(c.swap for c in (tm.default_mn_config(16, 4096, 4096, 512, False, off)[1],
+                                    tm.default_mn_config(16, 14336, 4096, 128, True, off)[1],
+                                    tk.default_k_config(16, 4096, 14336, 128, off),
+                                    tk.affine_k_config(16, 4096, 14336, 128, off)))
 
 
 def test_prefill_sized_gemm_mn_takes_the_persistent_kernel_unless_switched_off(monkeypatch):
     """From M = 1024 with groups of >= 128 (H200 sweep 2026-12-01): gate/up 128 x 128 tiles, q's 512-wide groups
-    256-wide ones; narrow groups, smaller M and ``WIDE_PERSISTENT_MN=0`` keep one program per tile."""
+    256-wide ones; narrow groups, smaller M and ``KernelOptions(persistent_mn=False)`` keep one program per tile."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    gu = tg.default_mn_config(4096, 14336, 4096, 128, True)
-    q = tg.default_mn_config(1024, 4096, 4096, 512, False)
+    gu = tm.default_mn_config(4096, 14336, 4096, 128, True)
+    q = tm.default_mn_config(1024, 4096, 4096, 512, False)
     assert gu[0] == q[0] == "perm" and gu[1].persistent == q[1].persistent == 1
     assert (gu[1].block_m, gu[1].block_n, q[1].block_n) == (128, 128, 256)
-    assert not tg.default_mn_config(512, 14336, 4096, 128, True)[1].persistent
-    assert not tg.default_mn_config(4096, 14336, 4096, 64, True)[1].persistent
-    monkeypatch.setenv("WIDE_PERSISTENT_MN", "0")
-    assert not tg.default_mn_config(4096, 14336, 4096, 128, True)[1].persistent
+    assert not tm.default_mn_config(512, 14336, 4096, 128, True)[1].persistent
+    assert not tm.default_mn_config(4096, 14336, 4096, 64, True)[1].persistent
+    assert not tm.default_mn_config(4096, 14336, 4096, 128, True, KernelOptions(persistent_mn=False))[1].persistent
+
+
+def test_kernel_options_apply_inside_their_block_and_parse_from_flags(monkeypatch):
+    """`use_kernel_options` switches the defaults for a block (nested blocks stack), explicit options win, and
+    ``--kernel-option`` items parse to the options or fail naming the flag."""
+    from wide.kernels import kernel_options, use_kernel_options
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernel_options() == KernelOptions()
+    with use_kernel_options(skinny_swap=False) as opts:
+        assert opts.changed() == {"skinny_swap": False}
+        assert not tm.default_mn_config(16, 4096, 4096, 512, False)[1].swap
+        assert not tk.default_k_config(16, 4096, 14336, 128).swap
+        with use_kernel_options(persistent_mn=False):
+            assert kernel_options() == KernelOptions(skinny_swap=False, persistent_mn=False)
+            assert not tm.default_mn_config(4096, 14336, 4096, 128, True)[1].persistent
+        assert tm.default_mn_config(4096, 14336, 4096, 128, True)[1].persistent
+        assert tm.default_mn_config(16, 4096, 4096, 512, False, KernelOptions())[1].swap
+    assert kernel_options() == KernelOptions() and tm.default_mn_config(16, 4096, 4096, 512, False)[1].swap
+    assert KernelOptions.parse(["skinny_swap=0", "decode_fold=true"]) == KernelOptions(skinny_swap=False)
+    with pytest.raises(ValueError, match=r"--kernel-option: unknown kernel option 'skiny_swap'\. Did you mean "
+                                         r"'skinny_swap'"):
+        KernelOptions.parse(["skiny_swap=0"])
+    with pytest.raises(ValueError, match="NAME=0 or NAME=1"):
+        KernelOptions.parse(["skinny_swap=maybe"])

@@ -70,7 +70,7 @@ def test_gemm_k(M, group):
 def test_persistent_gemm_mn_matches_reference_and_per_tile_kernel(M, density, op):
     """The prefill default (persistent kernel over the active tiles) against the reference, and bit for bit against
     the one-program-per-tile kernel at the same tiles; "uneven": groups from all-off to all-on."""
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_mn
 
     dtype = torch.bfloat16
     N, K, group = (4096, 4096, 512) if op == "q_proj" else (14336, 4096, 128)
@@ -82,7 +82,7 @@ def test_persistent_gemm_mn_matches_reference_and_per_tile_kernel(M, density, op
         mask = torch.rand(M, G, generator=gen, device=DEV) < torch.linspace(0, 1, G, device=DEV)
     else:
         mask = _mask((M, G), density, M)
-    kernel, cfg = tg.default_mn_config(M, N, K, group, op == "gate_up")
+    kernel, cfg = gemm_mn.default_mn_config(M, N, K, group, op == "gate_up")
     assert kernel == "perm" and cfg.persistent
     tb, ref = get_backend("triton"), get_backend("torch")
     outs = []
@@ -105,7 +105,8 @@ def test_gemm_k_sorted_tiles_on_structured_masks(M, split, monkeypatch):
     """Tokens of a few kinds (each running its own quarter of the groups): the default dispatch takes the
     pattern-sorted tiles (share well under K_SORTED_MAX_SHARE; its M threshold lowered to these sizes), and a
     split-K config agrees with it."""
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_k as tg
+    from wide.kernels.triton.common import GemmConfig
 
     monkeypatch.setattr(tg, "K_SORTED_MIN_M", 512)
     used = []
@@ -126,7 +127,7 @@ def test_gemm_k_sorted_tiles_on_structured_masks(M, split, monkeypatch):
     cfg = None
     if split > 1:
         c = tg.sorted_k_config(M, N, K, group)
-        cfg = tg.GemmConfig(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, split_k=split, variant="sorted")
+        cfg = GemmConfig(c.block_m, c.block_n, c.block_k, c.num_warps, c.num_stages, split_k=split, variant="sorted")
     if cfg is None:  # the public op: its dispatch must pick the sorted tiles
         wk.gemm_k(x, w, mask, plan=plan, out=out)
     else:

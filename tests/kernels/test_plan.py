@@ -51,7 +51,7 @@ def test_plan_rejects_float_and_wrong_rank():
 @pytest.mark.parametrize("shape", [(1, 300, 3), (2, 17, 5), (3, 1, 2), (1, 112, 1), (1, 8, 1), (1, 1, 1)], ids=str)
 def test_triton_partition_matches_torch(shape):
     from wide.kernels.plan import _stable_partition
-    from wide.kernels.triton.plan import partition
+    from wide.kernels.triton.partition import partition
 
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) < 0.4
     perm, counts = partition(mask)
@@ -64,7 +64,7 @@ def test_triton_partition_matches_torch(shape):
 @pytest.mark.parametrize("density", [0.0, 0.05, 0.5, 1.0])
 def test_triton_group_list_matches_torch(shape, density):
     from wide.kernels.plan import _stable_partition
-    from wide.kernels.triton.plan import group_list
+    from wide.kernels.triton.partition import group_list
 
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(5)) < density
     order, n = group_list(mask)
@@ -98,10 +98,10 @@ def test_density_hint_is_used_without_reading_the_mask(monkeypatch):
 def test_density_hint_changes_the_path_never_the_result(monkeypatch, hint, all_on):
     """A wrong hint (dense path for a sparse mask, routed for a full one) still gives exact results."""
     from wide import kernels
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_k, gemm_mn
 
-    monkeypatch.setattr(tg, "DENSE_MIN_M", 8)
-    monkeypatch.setattr(tg, "K_PREMASK_MIN_M", 8)
+    monkeypatch.setattr(gemm_mn, "DENSE_MIN_M", 8)
+    monkeypatch.setattr(gemm_k, "K_PREMASK_MIN_M", 8)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 9, 32, generator=g)
     w_gate, w_up = torch.randn(64, 32, generator=g), torch.randn(64, 32, generator=g)
@@ -122,19 +122,18 @@ def test_hinted_plan_picks_the_dense_path_under_stream_capture(monkeypatch, hint
     """Under capture a plan may not read its mask on the host: with a density hint the high-density path
     (cuBLAS + masking pass) is still chosen, without one the routed kernel runs (no sync either way)."""
     from wide import kernels
-    from wide.kernels.backends import triton_backend
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_mn
 
-    monkeypatch.setattr(tg, "DENSE_MIN_M", 8)
-    monkeypatch.setattr(triton_backend, "_capturing", lambda t: True)
+    monkeypatch.setattr(gemm_mn, "DENSE_MIN_M", 8)
+    monkeypatch.setattr(gemm_mn, "capturing", lambda t: True)
 
     def no_sync(self):
         raise AssertionError("measured the density on the host while capturing")
 
     monkeypatch.setattr(RoutingPlan, "density", no_sync)
     used = []
-    real_dense = tg.gemm_mn_dense
-    monkeypatch.setattr(tg, "gemm_mn_dense", lambda *a, **k: used.append("dense") or real_dense(*a, **k))
+    real_dense = gemm_mn.gemm_mn_dense
+    monkeypatch.setattr(gemm_mn, "gemm_mn_dense", lambda *a, **k: used.append("dense") or real_dense(*a, **k))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 32, generator=g)
     w = torch.randn(512, 32, generator=g)  # groups of 128: the dense path above 75% expected density
@@ -187,15 +186,16 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
     (decided from one host read of the plan); random or full masks, a density hint above the threshold (the
     tiles are then not even sorted), and any call under capture stay dense."""
     from wide import kernels
-    from wide.kernels.backends import triton_backend
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_k
+    from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(16, 16, 16, variant="premask"))
-    monkeypatch.setattr(tg, "K_SORTED_MIN_M", 64)
-    monkeypatch.setattr(triton_backend, "_capturing", lambda t: capturing)
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+        16, 16, 16, variant="premask"))
+    monkeypatch.setattr(gemm_k, "K_SORTED_MIN_M", 64)
+    monkeypatch.setattr(gemm_k, "capturing", lambda t: capturing)
     used = []
-    real = tg.gemm_k_sorted
-    monkeypatch.setattr(tg, "gemm_k_sorted", lambda *a, **k: used.append("sorted") or real(*a, **k))
+    real = gemm_k.gemm_k_sorted
+    monkeypatch.setattr(gemm_k, "gemm_k_sorted", lambda *a, **k: used.append("sorted") or real(*a, **k))
     g = torch.Generator().manual_seed(2)
     G, M = 8, 96
     if kind == "patterns":  # two kinds of token, each running 2 of 8 groups
@@ -224,11 +224,10 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
 ])
 def test_prefill_attention_runs_sdpa_for_dense_masks(monkeypatch, density, hint, capturing, path):
     from wide import kernels
-    from wide.kernels.backends import triton_backend
     from wide.kernels.triton import attention as ta
 
     monkeypatch.setattr(ta, "PREFILL_DENSE_MIN_T", 8)
-    monkeypatch.setattr(triton_backend, "_capturing", lambda t: capturing)
+    monkeypatch.setattr(ta, "capturing", lambda t: capturing)
     if capturing:
         def no_sync(self):
             raise AssertionError("measured the density on the host while capturing")
@@ -255,9 +254,11 @@ def test_near_dense_decode_gemm_k_builds_no_group_list(monkeypatch, hint, listed
     """At decode, gemm_k walks the plan's needed-group list (built by one extra launch); a plan whose density
     hint is at least K_LIST_MAX_HINT takes the affine loop instead, with no list, and the same result."""
     from wide import kernels
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_k
+    from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(1, 16, 16, variant="list"))
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+        1, 16, 16, variant="list"))
     built = []
     real = RoutingPlan.group_list
     monkeypatch.setattr(RoutingPlan, "group_list", lambda self: built.append(1) or real(self))
@@ -277,7 +278,7 @@ def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split):
     launch before it) equals the reference for masks with no, every or some groups on, with split-K, over a
     group count that is not a power of two."""
     from wide import kernels
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton.common import GemmConfig
 
     built = []
     real = RoutingPlan.group_list
@@ -287,7 +288,7 @@ def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split):
     x, w = torch.randn(M, ng * group, generator=g), torch.randn(40, ng * group, generator=g)
     mask = {"none": torch.zeros(M, ng, dtype=torch.bool), "all": torch.ones(M, ng, dtype=torch.bool),
             "random": torch.rand(M, ng, generator=g) < 0.4}[fill]
-    cfg = tg.GemmConfig(1 if M == 1 else 16, 16, 16, split_k=split, variant="local")
+    cfg = GemmConfig(1 if M == 1 else 16, 16, 16, split_k=split, variant="local")
     from wide.kernels import get_backend
 
     out = get_backend("triton").gemm_k(x, w, mask, config=cfg)
@@ -314,9 +315,11 @@ def test_decode_gemm_k_lists_only_when_rows_leave_groups_out(monkeypatch, rows, 
     """At 50%, 16 independent rows need ~every group (1 - 0.5^16): gemm_k takes the affine loop and builds no
     list; rows sharing one mask (coherent decode) or few rows keep the list."""
     from wide import kernels
-    from wide.kernels.triton import gemm as tg
+    from wide.kernels.triton import gemm_k
+    from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(tg, "default_k_config", lambda M, N, K, group: tg.GemmConfig(16, 16, 16, variant="list"))
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+        16, 16, 16, variant="list"))
     built = []
     real = RoutingPlan.group_list
     monkeypatch.setattr(RoutingPlan, "group_list", lambda self: built.append(1) or real(self))

@@ -28,7 +28,7 @@ def _density(rng: random.Random) -> float:
 
 
 def _mn_config(rng: random.Random, M: int, group: int, N: int):
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     choice = rng.choice(["default", "direct", "perm", "dense"])
     if choice == "default":
@@ -102,7 +102,7 @@ def test_swiglu(seed):
 
 @pytest.mark.parametrize("seed", range(N_CASES["gemm_k"]), ids=_ids("gemm_k"))
 def test_gemm_k(seed):
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     rng = random.Random(3000 + seed)
     gen = torch.Generator().manual_seed(3000 + seed)
@@ -240,7 +240,7 @@ def test_attention_decode(seed):
 def test_direct_split_k_matches_reference(M, fill, swiglu, split):
     """The direct small-M kernel with K split over programs (the last to arrive sums the partials, then the
     bias / activation / SwiGLU epilogue) equals the reference, tiles no row needs included."""
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     gen = torch.Generator().manual_seed(M * 100 + split * 10 + swiglu)
     ng, group, K = 4, 16, 80  # 5 chunks of 16: uneven shares per split
@@ -268,7 +268,7 @@ def test_direct_split_k_matches_reference(M, fill, swiglu, split):
 def test_swapped_tiles_match_reference(M, fill, op, split):
     """``swap=True`` (the transposed skinny tile: weights on the MMA's M side) equals the reference: odd M,
     uneven K splits, masks all off, all on, random and the same for every row (batch-coherent decode)."""
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     gen = torch.Generator().manual_seed(M * 1000 + split * 10 + len(fill) + len(op))
     ng, group, K = 5, 16, 80
@@ -307,7 +307,7 @@ def test_persistent_tiles_match_reference_and_the_per_tile_kernel(M, fill, op, b
     """The persistent large-M kernel (``GemmConfig.persistent``: 3 programs in the interpreter, each striding over
     the active tiles, then the zero tiles) equals the reference and, bit for bit, the one-program-per-tile kernel:
     odd M, ragged K, groups of two N tiles, groups with no / every token active."""
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     gen = torch.Generator().manual_seed(M * 100 + len(fill) + len(op) + block[0] + block[1])
     ng, group, K = 3, 32, 40
@@ -337,7 +337,7 @@ def test_persistent_tiles_match_reference_and_the_per_tile_kernel(M, fill, op, b
 
 
 def test_swap_refuses_the_gemv_and_chunks_across_groups():
-    from wide.kernels.triton.gemm import GemmConfig
+    from wide.kernels.triton.common import GemmConfig
 
     x, w = torch.randn(1, 64), torch.randn(32, 64)
     mask = torch.ones(1, 2, dtype=torch.bool)

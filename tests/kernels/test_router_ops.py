@@ -61,7 +61,7 @@ def test_triton_router_margin_matches_reference(rows, d, rank, groups, normalize
 def test_triton_router_margin_split_programs_reset_their_counters():
     """Each row's last program adds the partial sums and resets the row's arrival counter: calls in a row
     (different row counts, margins and decisions) give the same answers as the first."""
-    from wide.kernels.triton.gemm import arrival_counters
+    from wide.kernels.triton.common import arrival_counters
 
     torch.manual_seed(3)
     down, up, bias = torch.randn(16, 2000) / 45, torch.randn(11, 16) / 4, torch.randn(11) * 0.1
@@ -93,13 +93,13 @@ def test_triton_router_margin_single_linear_and_leading_dims():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_rows_take_the_cublas_route(rows, d, rank, groups, normalize, with_bias, dtype, monkeypatch):
     """From 65 rows the triton backend's `router_margin` is the first GEMM over the raw rows with the RMS scale
-    after it (`_router_margin_rows`, cuBLAS on a GPU) instead of the decode kernel: low-rank (``rank``) and linear
+    after it (`router._router_margin_rows`, cuBLAS on a GPU) instead of the decode kernel: low-rank (``rank``) and linear
     (``None``) routers, odd sizes; fp32 equals the reference to rounding, bf16 within its precision."""
-    from wide.kernels.backends import triton_backend as tb
+    from wide.kernels.triton import router as tr
 
     used = []
-    real = tb._router_margin_rows
-    monkeypatch.setattr(tb, "_router_margin_rows", lambda *a, **k: used.append(1) or real(*a, **k))
+    real = tr._router_margin_rows
+    monkeypatch.setattr(tr, "_router_margin_rows", lambda *a, **k: used.append(1) or real(*a, **k))
     torch.manual_seed(rows + d + groups)
     x = (torch.randn(rows, d) * 2).to(dtype)
     down = (torch.randn(rank or groups, d) / d ** 0.5).to(dtype)
@@ -121,21 +121,21 @@ def test_prefill_rows_take_the_cublas_route(rows, d, rank, groups, normalize, wi
 def test_prefill_router_weight_halves_are_cached_until_the_weights_change():
     """fp32 router weights enter a prefill's GEMM as two bf16 halves, made once per weight tensor and made again
     when the weights change in place."""
-    from wide.kernels.backends import triton_backend as tb
+    from wide.kernels.triton import router as tr
 
     torch.manual_seed(5)
     x = torch.randn(80, 32).to(torch.bfloat16)
     down, up = torch.randn(4, 32) / 6, torch.randn(5, 4) / 2
     first = kernels.router_margin(x, down, up, decide=False, backend="triton")
-    halves = tb._HALVES[id(down)][3]
+    halves = tr._HALVES[id(down)][3]
     assert halves.shape == (8, 32) and halves.dtype == torch.bfloat16
     torch.testing.assert_close(halves[:4].float() + halves[4:].float(), down, rtol=2e-5, atol=1e-7)
     assert torch.equal(kernels.router_margin(x, down, up, decide=False, backend="triton"), first)
-    assert tb._HALVES[id(down)][3] is halves
+    assert tr._HALVES[id(down)][3] is halves
     with torch.no_grad():
         down.mul_(-2)
     again = kernels.router_margin(x, down, up, decide=False, backend="triton")
-    assert tb._HALVES[id(down)][3] is not halves
+    assert tr._HALVES[id(down)][3] is not halves
     torch.testing.assert_close(again, kernels.router_margin(x.float(), down, up, decide=False, backend="torch"),
                                rtol=1e-4, atol=1e-5)
 
@@ -276,14 +276,14 @@ def test_coherent_select_rejects_bad_state():
 
 
 def test_arrival_counters_grow_without_freeing_what_a_graph_may_hold():
-    from wide.kernels.triton import gemm
+    from wide.kernels.triton import common
 
     dev = torch.device("cpu")
-    first = gemm.arrival_counters(dev, 10)
+    first = common.arrival_counters(dev, 10)
     assert first.numel() >= 4096 and not first.any()
-    assert gemm.arrival_counters(dev, 100) is first  # big enough: the same buffer
-    bigger = gemm.arrival_counters(dev, first.numel() + 1)
-    assert bigger.numel() > first.numel() and any(t is first for t in gemm._RETIRED)
+    assert common.arrival_counters(dev, 100) is first  # big enough: the same buffer
+    bigger = common.arrival_counters(dev, first.numel() + 1)
+    assert bigger.numel() > first.numel() and any(t is first for t in common._RETIRED)
 
 
 @INTERPRET

@@ -6,18 +6,18 @@ device run. Numerics are the interpreter tests' and the GPU tests' job.
 Runs in one subprocess without ``TRITON_INTERPRET``: under the interpreter the kernels (and Triton's own
 library functions, see conftest) are interpreted objects the compiler cannot take.
 
-The routing kernels are compiled at fixed signatures. The others are compiled at what their host
-functions actually launch on the H200: the subprocess replaces each ``@triton.jit`` kernel of gemm.py,
-attention.py and plan.py by a recorder, then calls the host functions with ``meta`` tensors (bf16
+The routing kernels are compiled at fixed signatures. The others are compiled at what their launchers
+actually launch on the H200: the subprocess replaces each ``@triton.jit`` kernel that gemm_mn.py, gemm_k.py,
+attention.py and partition.py launch by a recorder, then calls the launchers with ``meta`` tensors (bf16
 activations and weights, shapes of Llama-3-8B layers) and the default configs (``default_mn_config``,
 ``default_k_config``, ``default_prefill_config``, ``default_decode_config`` with the H200's 132 SMs),
-passing the other arguments the way `wide.kernels.backends.triton_backend` does. Each recorded launch
+passing the other arguments the way each op's host function (``gemm_mn.gemm_mn``, ...) does. Each recorded launch
 gives the kernel's signature (its parameters bound to the launch's arguments: tensors ``*bf16``/``*fp32``/
 ``*i32``/``*u8``/``*u1`` as passed, ints ``i32``, floats ``fp32``), its constexprs and its warps/stages.
 Triton's launch-time specialisation (ints equal to 1 or divisible by 16) is not modelled.
 
 The fp32 cases compile what the backend launches for 4-byte operands (default configs passed through
-``gemm.for_element_size``, the prefill config given the element size).
+``common.for_element_size``, the prefill config given the element size).
 
 Cases: decode-sized (M=1/16, decode B=1/16) and prefill-sized (M=128..4096, T=2048/16384) calls of each
 op, plus the constexpr branches the model's calls do not reach (activations, bias, K not a multiple of
@@ -43,10 +43,11 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, mangle_type
-from wide.kernels.triton import attention, gemm, plan, router
+from wide.kernels.triton import attention, gemm_k, gemm_mn, partition, router
+from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
-MODULES = {"router": router, "gemm": gemm, "attention": attention, "plan": plan}
+MODULES = {"router": router, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention, "partition": partition}
 
 
 def launched(mod):
@@ -148,7 +149,7 @@ for mdtype in ("bf16", "fp32"):
             job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg} list={adaptive}",
                 sig, {"ADAPTIVE": adaptive, "LIST": adaptive, "BLOCK_G": bg, "BLOCK_J": bj, "BLOCK_B": bb})
 
-# ---- gemm / attention / plan kernels: what their host functions launch ------------------------------
+# ---- gemm / attention / plan kernels: what their launchers launch ----------------------------------
 for name in KERNELS:
     mod, attr = name.split(".")
     if mod != "router":
@@ -173,39 +174,42 @@ def case(module, label, fn, *args, **kwargs):
 
 
 def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False, cfg=None):
-    # triton_backend._mn: dense path (cuBLAS + masking epilogue) when chosen, else the default config's kernel
+    # gemm_mn.gemm_mn: dense path (cuBLAS + masking epilogue) when chosen, else the default config's kernel
     # (or the one given)
-    group, act_id = N // ng, gemm.ACTIVATIONS[act]
+    group, act_id = N // ng, gemm_mn.ACTIVATIONS[act]
     x, w, w2, b, out = t(M, K), t(N, K), t(N, K) if swiglu else None, t(N) if bias else None, t(M, N)
     mask = t(M, ng, dtype=torch.bool)
     if dense:
-        assert M >= gemm.DENSE_MIN_M
-        return gemm.gemm_mn_dense(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, False)
-    kernel, cfg = cfg or gemm.default_mn_config(M, N, K, group, swiglu)
-    cfg = gemm.for_element_size(cfg, x.element_size())
+        assert M >= gemm_mn.DENSE_MIN_M
+        return gemm_mn.gemm_mn_dense(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, False)
+    kernel, cfg = cfg or gemm_mn.default_mn_config(M, N, K, group, swiglu)
+    cfg = for_element_size(cfg, x.element_size())
     if kernel == "direct":
-        return gemm.gemm_mn_direct(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, cfg)
-    perm, counts = plan.partition(mask.view(1, M, ng))  # RoutingPlan.token_order(flat=True)
-    gemm.gemm_mn_perm(x, w, w2, b, out, perm[0], counts[0], group, act_id, swiglu, cfg)
+        return gemm_mn.gemm_mn_direct(x, w, w2, b, out, mask.view(torch.uint8), group, act_id, swiglu, cfg)
+    perm, counts = partition.partition(mask.view(1, M, ng))  # RoutingPlan.token_order(flat=True)
+    gemm_mn.gemm_mn_perm(x, w, w2, b, out, perm[0], counts[0], group, act_id, swiglu, cfg)
 
 
 def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
-    # triton_backend.gemm_k: the plan's group list for the "list" variant, else none
+    # gemm_k.gemm_k: the dense path for the "premask" variant, else the plan's group list for "list" (or none)
     group = K // ng
-    cfg = cfg or gemm.for_element_size(gemm.default_k_config(M, N, K, group), DT.itemsize)
+    cfg = cfg or for_element_size(gemm_k.default_k_config(M, N, K, group), DT.itemsize)
     mask = t(M, ng, dtype=torch.bool)
+    if cfg.variant == "premask":
+        return gemm_k.gemm_k_dense(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), group,
+                                   x_masked=x_masked)
     glist = nlist = None
     if cfg.variant == "list":
-        glist, nlist = plan.group_list(mask)  # RoutingPlan.group_list()
-    gemm.gemm_k(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist, group,
-                cfg, x_masked=x_masked)
+        glist, nlist = partition.group_list(mask)  # RoutingPlan.group_list()
+    gemm_k.gemm_k_direct(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist,
+                         group, cfg, x_masked=x_masked)
 
 
 def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
     q, k, v = t(B, T, HQ, D), t(B, T, HK, D), t(B, T, HK, D)
-    perm, counts = plan.partition(t(B, T, HQ // gsize, dtype=torch.bool))  # token_order(flat=False)
+    perm, counts = partition.partition(t(B, T, HQ // gsize, dtype=torch.bool))  # token_order(flat=False)
     lens = t(B, dtype=torch.int32) if lengths else None
-    attention.attention_prefill(q, k, v, torch.empty_like(q), perm, counts, lens, gsize, causal,
+    attention.attention_prefill_routed(q, k, v, torch.empty_like(q), perm, counts, lens, gsize, causal,
                                 attention.default_scale(D), attention.default_prefill_config(T, D, DT.itemsize))
 
 
@@ -216,101 +220,102 @@ def decode(B, S, HQ, HK, D, gsize, lengths=False, density=None, fold=None):
     cfg = attention.default_decode_config(B, HK, S, D, "cuda", density)
     if fold is not None:
         cfg = dataclasses.replace(cfg, fold=fold)
-    attention.attention_decode(q, k, v, torch.empty_like(q), mask, lens, gsize, attention.default_scale(D), cfg)
+    attention.attention_decode_splits(q, k, v, torch.empty_like(q), mask, lens, gsize, attention.default_scale(D),
+                                      cfg)
 
 
-case("plan", "partition T=16 (BLOCK 256)", plan.partition, t(1, 16, 224, dtype=torch.bool))
-case("plan", "partition T=4096 (BLOCK 1024)", plan.partition, t(2, 4096, 8, dtype=torch.bool))
-case("plan", "group list M=1 G=224", plan.group_list, t(1, 224, dtype=torch.bool))
-case("plan", "group list M=40 G=8", plan.group_list, t(40, 8, dtype=torch.bool))
+case("partition", "partition T=16 (BLOCK 256)", partition.partition, t(1, 16, 224, dtype=torch.bool))
+case("partition", "partition T=4096 (BLOCK 1024)", partition.partition, t(2, 4096, 8, dtype=torch.bool))
+case("partition", "group list M=1 G=224", partition.group_list, t(1, 224, dtype=torch.bool))
+case("partition", "group list M=40 G=8", partition.group_list, t(40, 8, dtype=torch.bool))
 
 # Llama-3-8B layers: hidden 4096; FFN 14336 in 224 groups of 64 (swiglu + gemm_k on x already masked);
 # 32 query heads, 8 KV heads of 128, routed in groups of 4 heads = 512 channels of q_proj (gemm_mn) and
 # o_proj (gemm_k)
 H, I, HQ, HK, D = 4096, 14336, 32, 8, 128
 for M in (1, 16, 128, 256, 4096):  # direct GEMV, direct x2, perm x2
-    case("gemm", f"swiglu M={M}", mn, M, I, H, I // 64, swiglu=True)
-case("gemm", "swiglu M=4096 dense", mn, 4096, I, H, I // 64, swiglu=True, dense=True)
+    case("gemm_mn", f"swiglu M={M}", mn, M, I, H, I // 64, swiglu=True)
+case("gemm_mn", "swiglu M=4096 dense", mn, 4096, I, H, I // 64, swiglu=True, dense=True)
 # q_proj (no activation), and the fused activations / bias / ragged K (EVEN_K off) of gemm_mn
 for M, K, act, bias in ((1, H, None, True), (1, 4160, "gelu", False), (16, H, "silu", False),
                         (32, 4160, "gelu", True), (64, H, "relu", False), (256, 4128, "silu", True),
                         (512, H, "gelu", False), (4096, H, "relu", True), (4096, H, None, False)):
-    case("gemm", f"gemm_mn M={M} K={K} act={act} bias={bias}", mn, M, H, K, HQ // 4, act=act, bias=bias)
+    case("gemm_mn", f"gemm_mn M={M} K={K} act={act} bias={bias}", mn, M, H, K, HQ // 4, act=act, bias=bias)
 for act in (None, "silu", "gelu", "relu"):
-    case("gemm", f"gemm_mn M=4096 act={act} dense", mn, 4096, H, H, HQ // 4, act=act, bias=True, dense=True)
+    case("gemm_mn", f"gemm_mn M=4096 act={act} dense", mn, 4096, H, H, HQ // 4, act=act, bias=True, dense=True)
 # the persistent kernel (from M = 1024, groups of >= 128: gate/up in groups of 128, q_proj in groups of 512) and the
-# one-program-per-tile kernel it replaced there (WIDE_PERSISTENT_MN=0)
+# one-program-per-tile kernel it replaced there (KernelOptions(persistent_mn=False))
 for M in (1024, 4096):
-    case("gemm", f"swiglu groups of 128 M={M}", mn, M, I, H, I // 128, swiglu=True)
-case("gemm", "gemm_mn M=1024 K=4128 act=silu", mn, 1024, H, 4128, HQ // 4, act="silu")
-case("gemm", "gemm_mn M=2048 act=gelu bias", mn, 2048, H, H, HQ // 4, act="gelu", bias=True)
-case("gemm", "swiglu groups of 128 M=4096 one program per tile", mn, 4096, I, H, I // 128, swiglu=True,
-     cfg=("perm", gemm.GemmConfig(128, 128, 64, 8, 3)))
-case("gemm", "gemm_mn M=4096 act=relu bias one program per tile", mn, 4096, H, H, HQ // 4, act="relu", bias=True,
-     cfg=("perm", gemm.GemmConfig(256, 128, 64, 8, 3)))
+    case("gemm_mn", f"swiglu groups of 128 M={M}", mn, M, I, H, I // 128, swiglu=True)
+case("gemm_mn", "gemm_mn M=1024 K=4128 act=silu", mn, 1024, H, 4128, HQ // 4, act="silu")
+case("gemm_mn", "gemm_mn M=2048 act=gelu bias", mn, 2048, H, H, HQ // 4, act="gelu", bias=True)
+case("gemm_mn", "swiglu groups of 128 M=4096 one program per tile", mn, 4096, I, H, I // 128, swiglu=True,
+     cfg=("perm", GemmConfig(128, 128, 64, 8, 3)))
+case("gemm_mn", "gemm_mn M=4096 act=relu bias one program per tile", mn, 4096, H, H, HQ // 4, act="relu", bias=True,
+     cfg=("perm", GemmConfig(256, 128, 64, 8, 3)))
 # split-K direct tiles (the M=16 q_proj default splits K in two; any config may)
-case("gemm", "gemm_mn M=16 split 2 bias", mn, 16, H, H, HQ // 4, bias=True,
-     cfg=("direct", gemm.GemmConfig(16, 32, 256, 4, 4, split_k=2)))
-case("gemm", "swiglu M=16 split 2", mn, 16, I, H, I // 128, swiglu=True,
-     cfg=("direct", gemm.GemmConfig(16, 128, 128, 4, 4, split_k=2)))
-case("gemm", "gemm_mn GEMV split 2 ragged K", mn, 1, H, 4160, HQ // 4, act="gelu",
-     cfg=("direct", gemm.GemmConfig(1, 4, 512, 4, 4, split_k=2)))
+case("gemm_mn", "gemm_mn M=16 split 2 bias", mn, 16, H, H, HQ // 4, bias=True,
+     cfg=("direct", GemmConfig(16, 32, 256, 4, 4, split_k=2)))
+case("gemm_mn", "swiglu M=16 split 2", mn, 16, I, H, I // 128, swiglu=True,
+     cfg=("direct", GemmConfig(16, 128, 128, 4, 4, split_k=2)))
+case("gemm_mn", "gemm_mn GEMV split 2 ragged K", mn, 1, H, 4160, HQ // 4, act="gelu",
+     cfg=("direct", GemmConfig(1, 4, 512, 4, 4, split_k=2)))
 for M in (1, 16, 128, 4096):  # GEMV (affine / group list) + split-K reduce, 16/64-row tiles, premask + cuBLAS
-    case("gemm", f"gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
-    case("gemm", f"gemm_k o_proj M={M}{' bias' if M == 16 else ''}", gk, M, H, H, HQ // 4, bias=M == 16)
-case("gemm", "gemm_k M=64 split_k=1 bias", gk, 64, H, H, HQ // 4, bias=True,
-     cfg=gemm.GemmConfig(64, 128, 64, split_k=1))
-case("gemm", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=gemm.GemmConfig(16, 64, 128, split_k=4))
+    case("gemm_k", f"gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
+    case("gemm_k", f"gemm_k o_proj M={M}{' bias' if M == 16 else ''}", gk, M, H, H, HQ // 4, bias=M == 16)
+case("gemm_k", "gemm_k M=64 split_k=1 bias", gk, 64, H, H, HQ // 4, bias=True,
+     cfg=GemmConfig(64, 128, 64, split_k=1))
+case("gemm_k", "gemm_k M=16 K chunks across groups", gk, 16, H, I, I // 64, cfg=GemmConfig(16, 64, 128, split_k=4))
 for M in (1, 16):  # decode at 50%: each tile's group list built in the kernel (default), or the plan's list
-    case("gemm", f"gemm_k down_proj groups of 128 M={M}", gk, M, H, I, I // 128, x_masked=True)
-    case("gemm", f"gemm_k plan list down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
-         cfg=gemm.GemmConfig(M, 32, 128, 8 if M == 1 else 4, 4, split_k=4, variant="list"))
-case("gemm", "gemm_k tile list down_proj M=16", gk, 16, H, I, I // 128, x_masked=True,
-     cfg=gemm.GemmConfig(16, 32, 128, 4, 4, split_k=8, variant="local"))
+    case("gemm_k", f"gemm_k down_proj groups of 128 M={M}", gk, M, H, I, I // 128, x_masked=True)
+    case("gemm_k", f"gemm_k plan list down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
+         cfg=GemmConfig(M, 32, 128, 8 if M == 1 else 4, 4, split_k=4, variant="list"))
+case("gemm_k", "gemm_k tile list down_proj M=16", gk, 16, H, I, I // 128, x_masked=True,
+     cfg=GemmConfig(16, 32, 128, 4, 4, split_k=8, variant="local"))
 # the transposed skinny tiles (swap: weights on the MMA's M side, wgmma at block_n >= 64)
-case("gemm", "gemm_mn M=16 swap split 2", mn, 16, H, H, HQ // 4, bias=True,
-     cfg=("direct", gemm.GemmConfig(16, 64, 128, 4, 4, split_k=2, swap=True)))
-case("gemm", "swiglu M=16 swap", mn, 16, I, H, I // 128, swiglu=True,
-     cfg=("direct", gemm.GemmConfig(16, 128, 128, 4, 4, swap=True)))
-case("gemm", "gemm_mn M=16 swap ragged K", mn, 16, H, 4160, HQ // 4, act="gelu",
-     cfg=("direct", gemm.GemmConfig(16, 64, 128, 4, 4, swap=True)))
-case("gemm", "gemm_k plan list down_proj M=16 swap", gk, 16, H, I, I // 128, x_masked=True,
-     cfg=gemm.GemmConfig(16, 64, 128, 4, 4, split_k=8, variant="list", swap=True))
-case("gemm", "gemm_k affine o_proj M=16 swap bias", gk, 16, H, H, HQ // 4, bias=True,
-     cfg=gemm.GemmConfig(16, 128, 128, 4, 4, split_k=1, swap=True))
-for M in (1, 16):  # near-dense decode: no group list (gemm.affine_k_config)
-    case("gemm", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
-         cfg=gemm.affine_k_config(M, H, I, 128))
-    case("gemm", f"gemm_k affine o_proj M={M}", gk, M, H, H, HQ // 4, cfg=gemm.affine_k_config(M, H, H, 512))
+case("gemm_mn", "gemm_mn M=16 swap split 2", mn, 16, H, H, HQ // 4, bias=True,
+     cfg=("direct", GemmConfig(16, 64, 128, 4, 4, split_k=2, swap=True)))
+case("gemm_mn", "swiglu M=16 swap", mn, 16, I, H, I // 128, swiglu=True,
+     cfg=("direct", GemmConfig(16, 128, 128, 4, 4, swap=True)))
+case("gemm_mn", "gemm_mn M=16 swap ragged K", mn, 16, H, 4160, HQ // 4, act="gelu",
+     cfg=("direct", GemmConfig(16, 64, 128, 4, 4, swap=True)))
+case("gemm_k", "gemm_k plan list down_proj M=16 swap", gk, 16, H, I, I // 128, x_masked=True,
+     cfg=GemmConfig(16, 64, 128, 4, 4, split_k=8, variant="list", swap=True))
+case("gemm_k", "gemm_k affine o_proj M=16 swap bias", gk, 16, H, H, HQ // 4, bias=True,
+     cfg=GemmConfig(16, 128, 128, 4, 4, split_k=1, swap=True))
+for M in (1, 16):  # near-dense decode: no group list (gemm_k.affine_k_config)
+    case("gemm_k", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
+         cfg=gemm_k.affine_k_config(M, H, I, 128))
+    case("gemm_k", f"gemm_k affine o_proj M={M}", gk, M, H, H, HQ // 4, cfg=gemm_k.affine_k_config(M, H, H, 512))
 
 
 def gk_sorted(M, N, K, ng, bias=False, x_masked=False, split=1):
-    # triton_backend.gemm_k with the sorted variant: RoutingPlan.tile_order(block_m) gives the three lists
+    # gemm_k.gemm_k with the sorted variant: RoutingPlan.tile_order(block_m) gives the three lists
     group = K // ng
-    cfg = gemm.for_element_size(gemm.sorted_k_config(M, N, K, group), DT.itemsize)
+    cfg = for_element_size(gemm_k.sorted_k_config(M, N, K, group), DT.itemsize)
     if split > 1:
-        cfg = gemm.GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split_k=split,
+        cfg = GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split_k=split,
                               variant="sorted")
     tiles = -(-M // cfg.block_m)
     mask = t(M, ng, dtype=torch.bool)
-    gemm.gemm_k_sorted(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8),
+    gemm_k.gemm_k_sorted(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8),
                        t(M, dtype=torch.int32), t(tiles, ng, dtype=torch.int32), t(tiles, dtype=torch.int32), group,
                        cfg, x_masked=x_masked)
 
 
 for M in (512, 4096):  # structured masks at prefill: pattern-sorted tiles with their own group lists
-    case("gemm", f"gemm_k sorted down_proj M={M}", gk_sorted, M, H, I, I // 128, x_masked=True)
-    case("gemm", f"gemm_k sorted o_proj M={M}", gk_sorted, M, H, H, HQ // 4)
-case("gemm", "gemm_k sorted o_proj M=4096 bias split 2", gk_sorted, 4096, H, H, HQ // 4, bias=True, split=2)
+    case("gemm_k", f"gemm_k sorted down_proj M={M}", gk_sorted, M, H, I, I // 128, x_masked=True)
+    case("gemm_k", f"gemm_k sorted o_proj M={M}", gk_sorted, M, H, H, HQ // 4)
+case("gemm_k", "gemm_k sorted o_proj M=4096 bias split 2", gk_sorted, 4096, H, H, HQ // 4, bias=True, split=2)
 # fp32 models (the GPU tests' tiny ones; users routing an fp32 model): the backend halves the default
-# block_k for 4-byte operands (gemm.for_element_size); without it a 16 x 128 x 128 swiglu tile needed 408 KiB
+# block_k for 4-byte operands (common.for_element_size); without it a 16 x 128 x 128 swiglu tile needed 408 KiB
 DT = torch.float32
 for M in (16, 36, 128, 4096):
-    case("gemm", f"fp32 swiglu M={M}", mn, M, I, H, I // 64, swiglu=True)
-    case("gemm", f"fp32 gemm_mn M={M}", mn, M, H, H, HQ // 4)
+    case("gemm_mn", f"fp32 swiglu M={M}", mn, M, I, H, I // 64, swiglu=True)
+    case("gemm_mn", f"fp32 gemm_mn M={M}", mn, M, H, H, HQ // 4)
 for M in (16, 128):
-    case("gemm", f"fp32 gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
-case("gemm", "fp32 gemm_k sorted o_proj M=4096", gk_sorted, 4096, H, H, HQ // 4)
+    case("gemm_k", f"fp32 gemm_k down_proj M={M}", gk, M, H, I, I // 64, x_masked=True)
+case("gemm_k", "fp32 gemm_k sorted o_proj M=4096", gk_sorted, 4096, H, H, HQ // 4)
 case("attention", "fp32 prefill T=4096", prefill, 1, 4096, HQ, HK, D, 4)
 case("attention", "fp32 prefill T=16384", prefill, 1, 16384, HQ, HK, D, 4)
 case("attention", "fp32 prefill T=512 D=32", prefill, 2, 512, 8, 2, 32, 4)
@@ -351,7 +356,7 @@ PATHS = {
                                 "group list": lambda c: c["LIST"], "no list": lambda c: not c["LIST"],
                                 "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],
                                 "j-blocks": lambda c: c["BLOCK_J"] < c["BLOCK_G"]},
-    "gemm._gemm_mn_direct_kernel": {
+    "gemm_mn._gemm_mn_direct_kernel": {
         "split-K": lambda c: c["SPLIT"] > 1, "split-K swiglu": lambda c: c["SPLIT"] > 1 and c["SWIGLU"],
         "GEMV split-K": lambda c: c["SPLIT"] > 1 and c["BLOCK_M"] == 1,
         "GEMV": lambda c: c["BLOCK_M"] == 1, "GEMV swiglu": lambda c: c["BLOCK_M"] == 1 and c["SWIGLU"],
@@ -363,14 +368,14 @@ PATHS = {
         "swapped ragged K": lambda c: c["SWAP"] and not c["EVEN_K"],
         "bias": lambda c: c["HAS_BIAS"], **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a)
                                             for a in range(4)}},
-    "gemm._gemm_mn_perm_kernel": {
+    "gemm_mn._gemm_mn_perm_kernel": {
         "swiglu": lambda c: c["SWIGLU"], "ragged K": lambda c: not c["EVEN_K"], "bias": lambda c: c["HAS_BIAS"],
         **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a) for a in range(4)}},
-    "gemm._gemm_mn_tiles_kernel": {
+    "gemm_mn._gemm_mn_tiles_kernel": {
         "swiglu": lambda c: c["SWIGLU"], "ragged K": lambda c: not c["EVEN_K"], "bias": lambda c: c["HAS_BIAS"],
         "256-wide tiles": lambda c: c["BLOCK_N"] == 256, "groups of several tiles": lambda c: c["GROUP"] > c["BLOCK_N"],
         **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a) for a in range(4)}},
-    "gemm._gemm_k_kernel": {
+    "gemm_k._gemm_k_kernel": {
         "GEMV plan's group list": lambda c: c["BLOCK_M"] == 1 and c["USE_LIST"] and not c["LOCAL_LIST"],
         "GEMV tile's group list": lambda c: c["BLOCK_M"] == 1 and c["LOCAL_LIST"],
         "tl.dot plan's group list": lambda c: c["BLOCK_M"] > 1 and c["USE_LIST"] and not c["LOCAL_LIST"],
@@ -380,10 +385,10 @@ PATHS = {
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
         "swapped list": lambda c: c["SWAP"] and c["USE_LIST"], "swapped affine": lambda c: c["SWAP"] and not c["USE_LIST"],
         "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
-    "gemm._gemm_k_sorted_kernel": {"x masked": lambda c: c["X_MASKED"], "mask loads": lambda c: not c["X_MASKED"],
+    "gemm_k._gemm_k_sorted_kernel": {"x masked": lambda c: c["X_MASKED"], "mask loads": lambda c: not c["X_MASKED"],
                                    "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"]},
-    "gemm._mask_columns_kernel": {"any": lambda c: True},
-    "gemm._mask_epilogue_kernel": {"swiglu": lambda c: c["SWIGLU"],
+    "gemm_k._mask_columns_kernel": {"any": lambda c: True},
+    "gemm_mn._mask_epilogue_kernel": {"swiglu": lambda c: c["SWIGLU"],
                                    **{f"act {a}": (lambda a: lambda c: c["ACT"] == a and not c["SWIGLU"])(a)
                                       for a in range(4)}},
     "attention._prefill_kernel": {"causal": lambda c: c["CAUSAL"], "non-causal": lambda c: not c["CAUSAL"],
@@ -395,8 +400,8 @@ PATHS = {
                                        "folded combine, lengths": lambda c: c["FOLD"] and c["HAS_LEN"],
                                        "combine launch": lambda c: not c["FOLD"]},
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
-    "plan._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
-    "plan._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
+    "partition._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
+    "partition._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
 }
 
 
@@ -453,8 +458,13 @@ def test_routing_kernels_compile_to_sm90_cubins(compiled):
 
 
 @skip_without_toolchain
-def test_gemm_kernels_compile_to_sm90_cubins(compiled):
-    _check(compiled, "gemm")
+def test_gemm_mn_kernels_compile_to_sm90_cubins(compiled):
+    _check(compiled, "gemm_mn")
+
+
+@skip_without_toolchain
+def test_gemm_k_kernels_compile_to_sm90_cubins(compiled):
+    _check(compiled, "gemm_k")
 
 
 @skip_without_toolchain
@@ -463,5 +473,5 @@ def test_attention_kernels_compile_to_sm90_cubins(compiled):
 
 
 @skip_without_toolchain
-def test_plan_kernel_compiles_to_sm90_cubins(compiled):
-    _check(compiled, "plan")
+def test_partition_kernels_compile_to_sm90_cubins(compiled):
+    _check(compiled, "partition")

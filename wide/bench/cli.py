@@ -31,7 +31,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--attn-group-size", type=int, default=None)
     p.add_argument("--ffn-group-size", type=int, default=128)
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "gather", "triton"])
+    from wide.kernels import backend_choices
+
+    p.add_argument("--backend", default="auto", choices=backend_choices())
+    p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
+                   help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
+                        "persistent_mn, skinny_swap, decode_fold), e.g. skinny_swap=0; repeatable")
     p.add_argument("--router", choices=["random", "lowrank"], default="random",
                    help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
                         "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
@@ -78,21 +83,30 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    from wide.kernels import KernelOptions, use_kernel_options
+
+    try:
+        options = KernelOptions.parse(args.kernel_option)
+    except ValueError as err:
+        raise SystemExit(f"wide bench: {err}") from None
     t0 = time.time()
-    if args.quality:
-        rows = quality_rows(args)
-        print(format_quality_table(rows))
-        if args.json:
-            write_json(args.json, {"args": vars(args), "quality": rows})
-        return 0
-    rows = run_latency(args)
+    with use_kernel_options(options):
+        if args.quality:
+            rows = quality_rows(args)
+            print(format_quality_table(rows))
+            if args.json:
+                write_json(args.json, {"args": vars(args), "quality": rows})
+            return 0
+        rows = run_latency(args)
     print(format_table(rows))
     switches = kernel_switches()
     for line in latency_notes(args, rows, switches):
         print(line)
+    if options.changed():
+        print("kernel options: " + ", ".join(f"{k}={int(v)}" for k, v in options.changed().items()))
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:
         write_json(args.json, {"device": dev, "torch": torch.__version__, "args": vars(args), "env": switches,
-                               "rows": rows})
+                               "kernel_options": options.changed(), "rows": rows})
     return 0

@@ -6,12 +6,12 @@ import json
 import os
 from pathlib import Path
 
-KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD", "WIDE_PERSISTENT_MN")
+KERNEL_SWITCHES = ("WIDE_KERNEL_BACKEND",)
 
 
 def kernel_switches() -> dict:
-    """The environment variables that change which kernels or configs routed ops take, where set: a table timed
-    under one of them says so (report line and JSON ``env``)."""
+    """The environment variables that change which kernels routed ops take, where set: a table timed under one
+    of them says so (report line and JSON ``env``; the kernel options it ran with go to ``kernel_options``)."""
     return {k: os.environ[k] for k in KERNEL_SWITCHES if k in os.environ}
 
 

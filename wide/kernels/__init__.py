@@ -2,30 +2,38 @@
 
 Ops: `gemm_mn`, `swiglu`, `gemm_k`, `attention_prefill`, `attention_decode`, `make_plan`, and the routing
 ops `router_margin` / `coherent_select` / `coherent_route` (the two in one launch).
-Backends: ``torch`` (reference, autograd), ``gather`` (naive baseline), ``triton`` (fused kernels);
-``backend="auto"`` or ``WIDE_KERNEL_BACKEND`` picks per call (see `wide.kernels.dispatch`).
+Backends: ``torch`` (reference, autograd), ``gather`` (naive baseline), ``triton`` (fused kernels), and any
+registered with `register_backend`; ``backend="auto"`` or ``WIDE_KERNEL_BACKEND`` picks per call (see
+`wide.kernels.dispatch`). `KernelOptions` / `use_kernel_options` switch the fused kernels' default configs for A/Bs.
 Importing this package never imports Triton.
 """
 
-from .backends import KernelBackend, available_backends, get_backend, list_backends, register_backend
+from .backends import (KernelBackend, available_backends, backend_choices, get_backend, list_backends,
+                       register_backend, unregister_backend)
 from .ops import (attention_decode, attention_prefill, coherent_route, coherent_select, gemm_k, gemm_mn,
                   router_margin, swiglu)
+from .options import KernelOptions, kernel_options, use_kernel_options
 from .plan import RoutingPlan, make_plan
 
 __all__ = [
     "KernelBackend",
+    "KernelOptions",
     "RoutingPlan",
     "attention_decode",
     "attention_prefill",
     "available_backends",
+    "backend_choices",
     "coherent_route",
     "coherent_select",
     "gemm_k",
     "gemm_mn",
     "get_backend",
+    "kernel_options",
     "list_backends",
     "make_plan",
     "register_backend",
     "router_margin",
     "swiglu",
+    "unregister_backend",
+    "use_kernel_options",
 ]

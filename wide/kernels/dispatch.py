@@ -1,9 +1,10 @@
 """Per-call backend choice: forced (argument or ``WIDE_KERNEL_BACKEND``) or ``auto``; verifiers decide.
 
-``auto`` tries ``triton`` for CUDA tensors and otherwise uses ``torch``. A chosen backend whose
-verifier rejects the call (or that is unavailable) falls back to ``torch``. Every choice is logged
-once per (op, backend, reason) on the ``wide.kernels`` logger: a fallback at WARNING when a backend was
-forced, otherwise at INFO.
+``auto`` tries the registered backends that run automatically on the tensors' device type, in their priority
+order (`wide.kernels.backends.auto_order`: ``triton`` on CUDA; none elsewhere), and otherwise uses the ``torch``
+reference. A chosen backend whose verifier rejects the call (or that is unavailable) falls back to ``torch``.
+Every choice is logged once per (op, backend, reason) on the ``wide.kernels`` logger: a fallback at WARNING when
+a backend was forced, otherwise at INFO.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import os
 
 import torch
 
-from .backends.base import KernelBackend, get_backend
+from .backends.base import REFERENCE, KernelBackend, auto_order, get_backend
 
 ENV_VAR = "WIDE_KERNEL_BACKEND"
-REFERENCE = "torch"
 
 logger = logging.getLogger("wide.kernels")
 _logged: set[tuple[str, str, str]] = set()
@@ -43,23 +43,36 @@ def requested_backend(backend: str | None) -> str:
     return name
 
 
+def _accepts(impl: KernelBackend, op: str, call: dict) -> tuple[bool, str]:
+    if not impl.is_available():
+        return False, f"{impl.name} backend unavailable here"
+    return impl.verify(op, **call)
+
+
 def choose(op: str, backend: str | None, call: dict, device: torch.device) -> KernelBackend:
     """Pick the backend object that will run ``op`` for this call."""
     name = requested_backend(backend)
-    forced = name != "auto"
-    if not forced:
-        name = "triton" if device.type == "cuda" else REFERENCE
-    if name == REFERENCE:
-        _log_once(logging.DEBUG if not forced else logging.INFO, op, name,
-                  "forced" if forced else f"auto on {device.type}")
+    if name != "auto":
+        if name == REFERENCE:
+            _log_once(logging.INFO, op, name, "forced")
+            return get_backend(REFERENCE)
+        impl = get_backend(name, field="backend" if backend and backend != "auto" else ENV_VAR)
+        ok, why = _accepts(impl, op, call)
+        if ok:
+            _log_once(logging.INFO, op, name, "forced")
+            return impl
+        _log_once(logging.WARNING, op, REFERENCE, f"{name} rejected: {why}")
         return get_backend(REFERENCE)
-    impl = get_backend(name)
-    if not impl.is_available():
-        ok, why = False, f"{name} backend unavailable here"
-    else:
-        ok, why = impl.verify(op, **call)
-    if ok:
-        _log_once(logging.INFO, op, name, "forced" if forced else "auto")
-        return impl
-    _log_once(logging.WARNING if forced else logging.INFO, op, REFERENCE, f"{name} rejected: {why}")
+    candidates = auto_order(device.type)
+    if not candidates:
+        _log_once(logging.DEBUG, op, REFERENCE, f"auto on {device.type}")
+        return get_backend(REFERENCE)
+    reasons = []
+    for impl in candidates:
+        ok, why = _accepts(impl, op, call)
+        if ok:
+            _log_once(logging.INFO, op, impl.name, "auto")
+            return impl
+        reasons.append(f"{impl.name} rejected: {why}")
+    _log_once(logging.INFO, op, REFERENCE, "; ".join(reasons))
     return get_backend(REFERENCE)

@@ -51,7 +51,7 @@ def gemm_mn(x, weight, mask, *, bias=None, activation=None, plan: RoutingPlan | 
         bias: ``[N]`` or None.
         activation: None, ``"silu"``, ``"gelu"`` or ``"relu"``, applied before masking.
         plan: routing plan of ``mask`` (`make_plan`), shared with the paired op.
-        backend: ``"auto"``, ``"torch"``, ``"gather"`` or ``"triton"``.
+        backend: ``"auto"`` or a registered backend (``"torch"``, ``"gather"``, ``"triton"``, plug-ins).
         out: optional ``[..., N]`` output buffer (every element is written).
 
     Returns:

@@ -6,7 +6,8 @@ hold only inactive tokens (they just write zeros). One plan is built per layer a
 the paired ops (gate/up -> down share the FFN plan; Q -> attention -> O share the attention plan).
 
 Everything is computed on the device with no host synchronization, lazily, and cached on the plan, so a
-plan built before a CUDA-graph capture can be used inside it.
+plan built before a CUDA-graph capture can be used inside it. On CUDA the partition and the group list take
+one Triton launch each (`wide.kernels.triton.partition`, imported on first use); elsewhere plain torch.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class RoutingPlan:
             triton_list = None
             if rows.is_cuda:
                 try:
-                    from .triton.plan import group_list as triton_list
+                    from .triton.partition import group_list as triton_list
                 except ImportError:
                     pass
             if triton_list is not None:
@@ -170,6 +171,16 @@ class RoutingPlan:
         return self
 
 
+def plan_for(mask: torch.Tensor, plan: RoutingPlan | None) -> RoutingPlan:
+    """``plan`` when it was built for ``mask`` (a new plan when ``None``); a plan of another mask is an error."""
+    if plan is None:
+        return RoutingPlan(mask)
+    if not plan.matches(mask):
+        raise ValueError(f"plan was built for a mask of shape {tuple(plan.shape)}, not this one "
+                         f"({tuple(mask.shape)}, or another tensor)")
+    return plan
+
+
 def pattern_order(rows: torch.Tensor) -> torch.Tensor:
     """``rows [M, G]`` bool -> ``[M]`` int64 token order, lexicographic by mask bits (tokens running the same
     groups end up next to each other), the most evenly split groups first (they separate the most tokens), up
@@ -200,7 +211,7 @@ def _partition(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One Triton launch on CUDA (when Triton is there); the torch version elsewhere."""
     if mask.is_cuda:
         try:
-            from .triton.plan import partition
+            from .triton.partition import partition
         except ImportError:
             pass
         else:

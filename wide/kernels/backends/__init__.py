@@ -1,8 +1,9 @@
-"""Kernel backends. Importing this package registers ``torch``, ``gather`` and ``triton``."""
+"""Kernel backends and their registry. Importing this package registers ``torch``, ``gather`` and ``triton``."""
 
-from .base import (OPS, KernelBackend, available_backends, get_backend, list_backends,
-                   register_backend)
-from . import gather, torch_ref, triton_backend  # noqa: F401  (registration)
+from .base import (AUTO, BACKENDS, OPS, REFERENCE, KernelBackend, auto_order, available_backends, backend_choices,
+                   check_backend, get_backend, list_backends, register_backend, unregister_backend)
+from . import gather, torch_ref, triton_backend  # noqa: F401,E402  (registration)
 
-__all__ = ["OPS", "KernelBackend", "available_backends", "get_backend", "list_backends",
-           "register_backend"]
+__all__ = ["AUTO", "BACKENDS", "OPS", "REFERENCE", "KernelBackend", "auto_order", "available_backends",
+           "backend_choices", "check_backend", "get_backend", "list_backends", "register_backend",
+           "unregister_backend"]

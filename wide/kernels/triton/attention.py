@@ -1,4 +1,8 @@
-"""Routed attention kernels (Triton): prefill over (query token x head group) and split-K decode.
+"""Routed attention on Triton: prefill over (query token x head group) and split-K decode: the host functions
+that pick the path and config (`attention_prefill`, `attention_decode`), the configs, the kernels.
+
+Prefill paths: dense SDPA with the skipped heads zeroed for long prompts with dense masks (the plan's hint or,
+eagerly, its measured density), else the routed kernel over the plan's per-(row, group) permutation.
 
 Prefill: one program per (batch row, *unit*, query tile). A unit is the set of query heads that share
 one KV head and one routing group (``min(group size, q heads per kv head)`` heads), so a tile packs
@@ -20,14 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gemm import arrival_counters, interpreting, sm_count
+from ..options import KernelOptions, kernel_options
+from ..plan import RoutingPlan, plan_for
+from .common import arrival_counters, capturing, interpreting, sm_count
 
 LOG2E = 1.4426950408889634
 
@@ -267,9 +272,10 @@ def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionCo
 DECODE_DENSE_DENSITY = 0.9
 
 
-def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
-                          density: float | None = None) -> AttentionConfig:
-    """``density``: the expected share of executing (row, group) pairs (``None``: about half)."""
+def default_decode_config(B: int, HK: int, S: int, D: int, device=None, density: float | None = None,
+                          options: KernelOptions | None = None) -> AttentionConfig:
+    """``density``: the expected share of executing (row, group) pairs (``None``: about half); ``options`` (default:
+    the current `kernel_options`) may switch the folded combine off."""
     if interpreting():
         return AttentionConfig(block_n=16, num_warps=4, num_stages=1, splits=3)
     # short per-program loops (few rows: many splits) want a shallow pipeline, long ones a deeper one
@@ -283,7 +289,7 @@ def default_decode_config(B: int, HK: int, S: int, D: int, device=None,
         # The splits combined in the last split program (fold, no second launch): fourth session's sweep, batch 16,
         # 4 splits: 39.9 us against 40.8 at half the heads, 68.2 against 69.7 all on (4 warps, 2 stages); at
         # batches 1 and 4 (33-65 splits) the second launch stays (fewer splits with fold were slower there)
-        fold = decode_fold()
+        fold = (options or kernel_options()).decode_fold
         if density is not None and density >= DECODE_DENSE_DENSITY:
             return AttentionConfig(block_n=64, num_warps=4, num_stages=2, splits=max(1, splits // 2), fold=fold)
         return AttentionConfig(block_n=64, num_warps=8, num_stages=3, splits=max(1, splits // 2), fold=fold)
@@ -297,9 +303,9 @@ def _sm_count(device: torch.device) -> int:
     return 4
 
 
-def attention_prefill(q, k, v, out, perm, counts, lengths, gsize: int, causal: bool, scale: float,
-                      config: AttentionConfig, q_offset=None) -> torch.Tensor:
-    """Routed prefill attention.
+def attention_prefill_routed(q, k, v, out, perm, counts, lengths, gsize: int, causal: bool, scale: float,
+                             config: AttentionConfig, q_offset=None) -> torch.Tensor:
+    """Routed prefill attention over the plan's per-(row, group) token permutation.
 
     Args:
         q: ``[B, T, Hq, D]``; k, v: ``[B, S, Hk, D]`` (any strides); out: ``[B, T, Hq, D]``, fully written.
@@ -343,7 +349,7 @@ def attention_prefill_dense(q, k, v, out, mask, gsize: int, causal: bool, scale:
                             all_active: bool = False) -> torch.Tensor:
     """High-density path of routed prefill attention: PyTorch SDPA (flash / cuDNN on the GPU) over every
     head, then the inactive head groups zeroed (skipped when ``all_active``). Same layouts as
-    :func:`attention_prefill`; ``mask`` is the ``[B, T, G_count]`` bool mask; keys as long as the queries
+    :func:`attention_prefill_routed`; ``mask`` is the ``[B, T, G_count]`` bool mask; keys as long as the queries
     (``S == T``), no per-row lengths."""
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=causal, scale=scale, enable_gqa=q.shape[2] != k.shape[2])
@@ -358,21 +364,15 @@ def attention_prefill_dense(q, k, v, out, mask, gsize: int, causal: bool, scale:
 FOLD_MAX_SPLITS = 16
 
 
-def decode_fold() -> bool:
-    """Whether the many-pairs decode default folds the split combine into the split kernel; ``WIDE_DECODE_FOLD=0``
-    keeps the second launch (benchmark A/Bs: benchmarks/gpu_session.sh ab)."""
-    return os.environ.get("WIDE_DECODE_FOLD", "1") != "0"
-
-
 def decode_splits(B: int, HK: int, S: int, block_n: int, device: torch.device) -> int:
     """Splits of the key axis so that about four programs per SM exist when half the heads run."""
     want = triton.cdiv(8 * _sm_count(device), B * HK)
     return max(1, min(want, triton.cdiv(S, block_n), 256))
 
 
-def attention_decode(q, k, v, out, mask, lengths, gsize: int, scale: float, config: AttentionConfig,
-                     workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Routed decode attention (one query per row).
+def attention_decode_splits(q, k, v, out, mask, lengths, gsize: int, scale: float, config: AttentionConfig,
+                            workspace: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Routed decode attention (one query per row) over splits of the key axis.
 
     Args:
         q: ``[B, 1, Hq, D]``; k, v: ``[B, S, Hk, D]`` (any strides); out: ``[B, 1, Hq, D]``, fully written.
@@ -417,3 +417,44 @@ def attention_decode(q, k, v, out, mask, lengths, gsize: int, scale: float, conf
 
 def default_scale(D: int) -> float:
     return 1.0 / math.sqrt(D)
+
+
+def attention_prefill(q, k, v, mask, causal: bool, scale: float | None, lengths, q_offset, plan: RoutingPlan | None,
+                      out, config: AttentionConfig | None = None) -> torch.Tensor:
+    """Routed prefill attention (`wide.kernels.attention_prefill`'s arguments): SDPA for dense masks on long
+    prompts, else the routed kernel; ``config`` forces the routed kernel with that config."""
+    B, T, HQ, D = q.shape
+    out = out if out is not None else torch.empty_like(q)
+    if B == 0 or T == 0:
+        return out
+    scale = scale if scale is not None else default_scale(D)
+    gsize = HQ // mask.shape[-1]
+    plan = plan_for(mask, plan)
+    if config is None and lengths is None and q_offset is None and k.shape[1] == T and T >= PREFILL_DENSE_MIN_T:
+        # dense masks (0% routing, say): SDPA beats the routed kernel; the choice reads the plan's hint
+        # (no host read, capture-safe) or, eagerly, its measured density (shared with q_proj's plan)
+        if (plan.density_hint is not None or not capturing(q)) and \
+                plan.expected_density() >= PREFILL_DENSE_DENSITY:
+            all_active = not capturing(q) and plan.known_all_active()
+            return attention_prefill_dense(q, k, v, out, mask, gsize, causal, scale, all_active)
+    perm, counts = plan.token_order(flat=False)
+    cfg = config if config is not None else default_prefill_config(T, D, q.element_size())
+    lens = lengths.to(torch.int32) if lengths is not None else None
+    offs = q_offset.to(torch.int32) if q_offset is not None else None
+    return attention_prefill_routed(q, k, v, out, perm, counts, lens, gsize, causal, scale, cfg, q_offset=offs)
+
+
+def attention_decode(q, k, v, mask, lengths, scale: float | None, out, config: AttentionConfig | None = None,
+                     density: float | None = None, options: KernelOptions | None = None) -> torch.Tensor:
+    """Routed decode attention (`wide.kernels.attention_decode`'s arguments); the config from the problem size and
+    the expected ``density`` unless ``config`` is given (``options``: as in `default_decode_config`)."""
+    B, _, HQ, D = q.shape
+    out = out if out is not None else torch.empty_like(q)
+    if B == 0:
+        return out
+    S, HK = k.shape[1], k.shape[2]
+    cfg = config if config is not None else default_decode_config(B, HK, S, D, q.device, density, options)
+    scale = scale if scale is not None else default_scale(D)
+    mask2 = mask.reshape(B, -1).view(torch.uint8)
+    lens = lengths.to(torch.int32) if lengths is not None else None
+    return attention_decode_splits(q, k, v, out, mask2, lens, HQ // mask.shape[-1], scale, cfg)

@@ -4,18 +4,20 @@ Decode steps are launch-bound: the eager router (RMS norm, two small GEMMs, a co
 launches per layer and kind, the batch-coherent selection (sigmoid, batch mean, EMA, top-k, scatter,
 schedule) ~8. Each kernel here does the same work in one launch, so they pay where launches dominate:
 decode batches, up to ``KERNEL_MAX_ROWS`` rows (a prefill's rows go to cuBLAS:
-``triton_backend._router_margin_rows``). The margin kernel spreads each row's first GEMV over up to 64
+`_router_margin_rows`). The margin kernel spreads each row's first GEMV over up to 64
 programs (one program per row read the whole router on one SM: 19 us against 12 us for the six torch
 launches, H200).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
 
-from .gemm import arrival_counters
+from .common import arrival_counters, capturing
 
 
 @triton.jit
@@ -91,7 +93,7 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
 
 # rows up to which the router kernels run (decode batches: each row's first GEMV spread over up to 64 programs);
 # longer inputs (a prefill) take cuBLAS for the first GEMM and `router_tail` for the rest
-# (triton_backend._router_margin_rows)
+# (`_router_margin_rows`)
 KERNEL_MAX_ROWS = 64
 
 
@@ -214,7 +216,77 @@ def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Te
 
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
                   normalize: bool, eps: float, decide: bool) -> torch.Tensor:
-    """``x [M, D]`` -> bool ``[M, G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`."""
+    """``x [..., D]`` -> bool ``[..., G]`` decisions (``decide``) or fp32 margins; see `wide.kernels.router_margin`.
+    Decode-sized calls (up to `KERNEL_MAX_ROWS` rows) take the one-launch kernel, longer ones cuBLAS + the tail."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] > KERNEL_MAX_ROWS:
+        out = _router_margin_rows(x2, down, up, bias, normalize, eps, decide)
+    else:
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = router_margin_decode(x2, down, up, bias, normalize, eps, decide)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+_MM_FP32_OUT: dict = {}  # device type -> whether torch.mm takes out_dtype=float32 for 16-bit operands there
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b^T`` of 16-bit operands with fp32 accumulation *and* fp32 output (cuBLAS), else through fp32."""
+    kind = a.device.type
+    if _MM_FP32_OUT.get(kind, kind == "cuda"):
+        try:
+            out = torch.mm(a, b.t(), out_dtype=torch.float32)
+            _MM_FP32_OUT[kind] = True
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_FP32_OUT[kind] = False
+    return torch.mm(a.float(), b.float().t())
+
+
+_HALVES: dict = {}  # id(fp32 router weight) -> (weakref to it, its version, dtype, hi|lo); dropped with the weight
+
+
+def _halves(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[2R, D]``: fp32 weights ``w`` as two ``dtype`` halves, hi = w rounded, lo = the rest rounded (~16
+    mantissa bits together). Kept per weight tensor while its version is unchanged (eval weights do not change;
+    a captured CUDA graph reuses the halves its warm-up made)."""
+    key = id(w)
+    hit = _HALVES.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == dtype:
+        return hit[3]
+    hi = w.detach().to(dtype)
+    both = torch.cat([hi, (w.detach() - hi.float()).to(dtype)])
+    if capturing(w):  # made inside a graph capture, the halves only exist once it replays: not for eager calls
+        return both
+    if hit is None or hit[0]() is not w:
+        weakref.finalize(w, _HALVES.pop, key, None)
+    _HALVES[key] = (weakref.ref(w), w._version, dtype, both)
+    return both
+
+
+def _router_margin_rows(x, down, up, bias, normalize: bool, eps: float, decide: bool) -> torch.Tensor:
+    """A prefill's rows: the router's first GEMM on cuBLAS over the raw 16-bit rows (fp32 output), then
+    `router_tail` in one launch: the RMS scale (rms(x) @ W^T == (x @ W^T) / rms(x)) from one pass over x, the
+    small second GEMM in fp32, the comparison. fp32 router weights (how `apply_wide` keeps them) enter the GEMM as
+    two 16-bit halves (``_halves``; the rows are exact in 16 bits), so the margins keep ~fp32 accuracy without an
+    fp32 copy of x. The reference's route (an fp32 copy of x, the norm, a cast, fp32 GEMMs) cost 150 us a call at
+    4096 x 4096 on the H200; this one's composed torch form (16 launches) 45-54 us."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    split = x.dtype in (torch.float16, torch.bfloat16) and down.dtype == torch.float32
+    if split:
+        h = _mm_fp32(x, _halves(down, x.dtype))
+    elif x.dtype in (torch.float16, torch.bfloat16):
+        h = _mm_fp32(x, down.to(x.dtype))
+    else:
+        h = torch.nn.functional.linear(x, down.to(x.dtype)).float()
+    return router_tail(x, h, split, up, bias, normalize, eps, decide)
+
+
+def router_margin_decode(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
+                         normalize: bool, eps: float, decide: bool) -> torch.Tensor:
+    """``x [M, D]`` (``M <= KERNEL_MAX_ROWS``) -> bool ``[M, G]`` decisions (``decide``) or fp32 margins, one launch."""
     M, D = x.shape
     G = up.shape[0] if up is not None else down.shape[0]
     out = torch.empty(M, G, device=x.device, dtype=torch.bool if decide else torch.float32)
@@ -230,7 +302,11 @@ def coherent_route(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None,
                    normalize: bool, eps: float, ema: torch.Tensor, selection: torch.Tensor, step: torch.Tensor,
                    keep: int | None, memory: float, refresh_every: int, keep_scale: float = 1.0,
                    groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """`router_margin` then `coherent_select` in one launch; see `wide.kernels.coherent_route`."""
+    """`router_margin` then `coherent_select` in one launch; see `wide.kernels.coherent_route` (``x [B, 1, D]`` or
+    ``[B, D]``)."""
+    x = x.reshape(x.shape[0], x.shape[-1])
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     M, D = x.shape
     G = up.shape[0] if up is not None else down.shape[0]
     if M > KERNEL_MAX_ROWS:

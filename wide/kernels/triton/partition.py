@@ -1,4 +1,5 @@
-"""One-launch stable partition for the routing plan (Triton): per (row, group), active tokens first.
+"""The routing plan's Triton kernels (`wide.kernels.plan.RoutingPlan` calls them on CUDA): the stable partition
+per (row, group), active tokens first, and the list of groups some row needs.
 
 The eager torch version in `wide.kernels.plan` takes ~10 small launches (~200 us of host time on the
 H200, run 1); this kernel does the same in one launch, two passes over each mask column.

@@ -1,0 +1,270 @@
+"""The contract of every registered kernel backend, for every routed op: forced by name through the public ops
+of `wide.kernels`, a call gives the ``torch`` reference's result (on fp32 copies of its inputs) on odd shapes
+(sizes off the tiles, one row, no rows), random / all-off / all-on masks and masks with rows that run nothing,
+in fp32 and fp16 (bf16 on a GPU only: the Triton interpreter's bf16 ``tl.dot`` is wrong on CPU). A backend
+may decline a call, but only with a reason (then the reference runs); one that implements an op must run some
+of its cases itself. A backend that is not available here is listed with ``-unavailable-here`` in its id: its
+calls must fall back to the reference, same results."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import wide.kernels as wk
+from wide.kernels import dispatch, get_backend, list_backends
+from wide.kernels.backends import OPS, REFERENCE
+from wide.kernels.backends.torch_ref import expand_groups
+
+from .cases import TOL, check
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BACKENDS = [pytest.param(n, id=n if get_backend(n).is_available() else f"{n}-unavailable-here")
+            for n in list_backends()]
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
+          pytest.param(torch.bfloat16, id="bf16", marks=[pytest.mark.gpu, pytest.mark.skipif(
+              not torch.cuda.is_available(), reason="bf16 numerics need the GPU")])]
+MASKS = ("random", "off", "on", "rows-off")
+
+
+def _mask(shape, kind: str, gen: torch.Generator) -> torch.Tensor:
+    m = torch.rand(shape, generator=gen) < 0.5
+    if kind == "off":
+        m = torch.zeros(shape, dtype=torch.bool)
+    elif kind == "on":
+        m = torch.ones(shape, dtype=torch.bool)
+    elif kind == "rows-off":  # every third row (token) runs no group
+        m.view(-1, shape[-1])[::3] = False
+    return m.to(DEV)
+
+
+def _randn(gen, *shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(DEV, dtype)
+
+
+def _f32(t):
+    return None if t is None else t.float()
+
+
+# ---- cases: each yields (label, call(backend) -> output, compare(out, ref)) --------------------------------
+
+
+def _cmp(dtype, zeros=None):
+    def compare(out, ref, what):
+        assert out.shape == ref.shape and out.dtype == dtype, f"{what}: {out.dtype} {tuple(out.shape)}"
+        if ref.numel():  # no rows: the shape is the whole answer
+            check(out.float(), ref, dtype, zeros, what)
+    return compare
+
+
+def _gemm_mn_cases(dtype, gen, swiglu=False):
+    K, N, ng = 40, 64, 4  # K off the 16-wide chunks; groups of 16
+    for lead, kind in itertools.product([(2, 19), (5,), (1,), (0,)], MASKS):
+        x = _randn(gen, *lead, K, dtype=dtype)
+        w, w2, b = _randn(gen, N, K, dtype=dtype, scale=0.2), _randn(gen, N, K, dtype=dtype, scale=0.2), \
+            _randn(gen, N, dtype=dtype)
+        mask = _mask((*lead, ng), kind, gen)
+        zeros = ~expand_groups(mask, N // ng)
+        if swiglu:
+            yield (f"{lead} {kind}", lambda be, x=x, w=w, w2=w2, m=mask: wk.swiglu(x, w, w2, m, backend=be),
+                   lambda x=x, w=w, w2=w2, m=mask: wk.swiglu(x.float(), w.float(), w2.float(), m, backend=REFERENCE),
+                   _cmp(dtype, zeros))
+        else:
+            act = "silu" if kind in ("random", "rows-off") else None
+            yield (f"{lead} {kind} act={act}",
+                   lambda be, x=x, w=w, b=b, m=mask, a=act: wk.gemm_mn(x, w, m, bias=b, activation=a, backend=be),
+                   lambda x=x, w=w, b=b, m=mask, a=act: wk.gemm_mn(x.float(), w.float(), m, bias=b.float(),
+                                                                  activation=a, backend=REFERENCE),
+                   _cmp(dtype, zeros))
+
+
+def _gemm_k_cases(dtype, gen):
+    K, N, ng = 64, 24, 4  # N off the tiles
+    for (lead, kind), x_masked in zip(itertools.product([(2, 19), (5,), (1,), (0,)], MASKS), itertools.cycle(
+            [False, True, False])):
+        mask = _mask((*lead, ng), kind, gen)
+        x = _randn(gen, *lead, K, dtype=dtype)
+        if x_masked:  # the promise: x is zero in the masked groups (gemm_mn's output under the same mask)
+            x = x * expand_groups(mask, K // ng).to(dtype)
+        w, b = _randn(gen, N, K, dtype=dtype, scale=0.2), _randn(gen, N, dtype=dtype) if kind != "on" else None
+        yield (f"{lead} {kind} x_masked={x_masked}",
+               lambda be, x=x, w=w, b=b, m=mask, xm=x_masked: wk.gemm_k(x, w, m, bias=b, x_masked=xm, backend=be),
+               lambda x=x, w=w, b=b, m=mask: wk.gemm_k(x.float(), w.float(), m, bias=_f32(b), backend=REFERENCE),
+               _cmp(dtype))
+
+
+def _attention_prefill_cases(dtype, gen):
+    B, HQ, HK, D, ng = 2, 4, 2, 16, 2
+    shapes = [  # (T, S, causal, lengths, q_offset)
+        (11, 11, True, None, None), (1, 1, True, None, None),
+        (11, 14, False, [14, 9], None), (5, 12, True, [12, 9], [7, 4]),
+    ]
+    for (T, S, causal, lens, offs), kind in itertools.product(shapes, MASKS):
+        q = _randn(gen, B, T, HQ, D, dtype=dtype)
+        k = _randn(gen, B, HK, S, D, dtype=dtype).transpose(1, 2)  # an HF cache's layout
+        v = _randn(gen, B, S, HK, D, dtype=dtype)
+        lens = torch.tensor(lens, device=DEV) if lens else None
+        offs = torch.tensor(offs, device=DEV) if offs else None
+        mask = _mask((B, T, ng), kind, gen)
+        zeros = ~expand_groups(mask, HQ // ng)[..., None].expand(B, T, HQ, D)
+        kw = dict(causal=causal, lengths=lens, q_offset=offs)
+        yield (f"T={T} S={S} causal={causal} lengths={lens is not None} q_offset={offs is not None} {kind}",
+               lambda be, q=q, k=k, v=v, m=mask, kw=kw: wk.attention_prefill(q, k, v, m, backend=be, **kw),
+               lambda q=q, k=k, v=v, m=mask, kw=kw: wk.attention_prefill(q.float(), k.float(), v.float(), m,
+                                                                        backend=REFERENCE, **kw),
+               _cmp(dtype, zeros))
+
+
+def _attention_decode_cases(dtype, gen):
+    HQ, HK, D, ng, S = 4, 2, 16, 2, 13
+    for B, kind in itertools.product([3, 1], MASKS):
+        q = _randn(gen, B, 1, HQ, D, dtype=dtype)
+        k = _randn(gen, B, HK, S, D, dtype=dtype).transpose(1, 2)
+        v = _randn(gen, B, HK, S, D, dtype=dtype).transpose(1, 2)
+        lens = torch.randint(1, S + 1, (B,), generator=gen).to(DEV)
+        mask = _mask((B, 1, ng), kind, gen)
+        zeros = ~expand_groups(mask, HQ // ng)[..., None].expand(B, 1, HQ, D)
+        yield (f"B={B} {kind}", lambda be, q=q, k=k, v=v, m=mask, n=lens: wk.attention_decode(q, k, v, m, lengths=n,
+                                                                                              backend=be),
+               lambda q=q, k=k, v=v, m=mask, n=lens: wk.attention_decode(q.float(), k.float(), v.float(), m, lengths=n,
+                                                                         backend=REFERENCE),
+               _cmp(dtype, zeros))
+
+
+def _router(gen, lowrank: bool, D: int = 40):
+    """fp32 weights (how `apply_wide` keeps a router's): low-rank (rank 8, 5 groups) or linear (9 groups)."""
+    down = _randn(gen, 8 if lowrank else 9, D, scale=D ** -0.5)
+    up = _randn(gen, 5, 8, scale=0.35) if lowrank else None
+    return down, up, _randn(gen, up.shape[0] if lowrank else 9, scale=0.1)
+
+
+def _router_margin_cases(dtype, gen):
+    tol = TOL[dtype] * 10
+
+    def compare(out, ref, what):  # margins within tolerance; decisions equal where the margin is clear
+        margin, decided = out
+        torch.testing.assert_close(margin, ref, rtol=tol, atol=tol * ref.abs().max().item(), msg=what)
+        clear = ref.abs() > 10 * tol * ref.abs().max()
+        assert decided.dtype == torch.bool and torch.equal(decided[clear], (ref >= 0)[clear]), what
+
+    for lead, lowrank in itertools.product([(2, 3), (70,), (1,)], [True, False]):  # 70 rows: past the decode kernel
+        x = _randn(gen, *lead, 40, dtype=dtype, scale=2.0)
+        down, up, bias = _router(gen, lowrank)
+
+        def call(be, x=x, down=down, up=up, bias=bias):
+            return (wk.router_margin(x, down, up, bias, decide=False, backend=be),
+                    wk.router_margin(x, down, up, bias, backend=be))
+
+        yield (f"{lead} lowrank={lowrank}", call,
+               lambda x=x, down=down, up=up, bias=bias: wk.router_margin(x.float(), down, up, bias, decide=False,
+                                                                        backend=REFERENCE), compare)
+
+
+def _state(g):
+    return (torch.zeros(g, device=DEV), torch.zeros(g, dtype=torch.bool, device=DEV),
+            torch.zeros((), dtype=torch.int64, device=DEV),
+            (torch.full((g,), -1, dtype=torch.int32, device=DEV), torch.full((1,), -1, dtype=torch.int32, device=DEV)))
+
+
+def _steps(op_call, steps, g):
+    """Two decode steps from a fresh state: the (ema, selection, step, group list) after each."""
+    ema, sel, step, groups = _state(g)
+    out = []
+    for s in steps:
+        op_call(s, ema, sel, step, groups)
+        out.append((ema.clone(), sel.clone(), step.clone(), groups[0].clone(), groups[1].clone()))
+    return out
+
+
+def _compare_state(out, ref, what):
+    for (e, s, n, o, c), (e0, s0, n0, o0, c0) in zip(out, ref):
+        torch.testing.assert_close(e, e0, rtol=1e-4, atol=1e-5, msg=what)
+        assert torch.equal(s, s0) and torch.equal(n, n0) and torch.equal(o, o0) and torch.equal(c, c0), what
+
+
+def _coherent_select_cases(dtype, gen):
+    for (B, G), keep in itertools.product([(3, 6), (1, 17)], [None, 2]):
+        margins = [_randn(gen, B, G, dtype=dtype, scale=2.0) for _ in range(2)]
+        kw = dict(keep=keep, memory=0.5, refresh_every=1)
+
+        def call(be, margins=margins, kw=kw, G=G):
+            return _steps(lambda m, e, s, n, grp: wk.coherent_select(m, e, s, n, groups=grp, backend=be, **kw),
+                          margins, G)
+
+        yield (f"B={B} G={G} keep={keep}", call,
+               lambda margins=margins, kw=kw, G=G: _steps(lambda m, e, s, n, grp: wk.coherent_select(
+                   m.float(), e, s, n, groups=grp, backend=REFERENCE, **kw), margins, G), _compare_state)
+
+
+def _coherent_route_cases(dtype, gen):
+    for B, lowrank, keep in ((3, True, None), (1, True, 2), (4, False, None)):
+        down, up, bias = _router(gen, lowrank)
+        xs = [_randn(gen, B, 1, 40, dtype=dtype, scale=2.0) for _ in range(2)]
+        G = bias.shape[0]
+        kw = dict(keep=keep, memory=0.5, refresh_every=2)
+
+        def call(be, xs=xs, r=(down, up, bias), kw=kw, G=G):
+            return _steps(lambda x, e, s, n, grp: wk.coherent_route(x, *r, ema=e, selection=s, step=n, groups=grp,
+                                                                    backend=be, **kw), xs, G)
+
+        yield (f"B={B} lowrank={lowrank} keep={keep}", call,
+               lambda xs=xs, r=(down, up, bias), kw=kw, G=G: _steps(lambda x, e, s, n, grp: wk.coherent_route(
+                   x.float(), *r, ema=e, selection=s, step=n, groups=grp, backend=REFERENCE, **kw), xs, G),
+               _compare_state)
+
+
+CASES = {
+    "gemm_mn": _gemm_mn_cases,
+    "swiglu": lambda dtype, gen: _gemm_mn_cases(dtype, gen, swiglu=True),
+    "gemm_k": _gemm_k_cases,
+    "attention_prefill": _attention_prefill_cases,
+    "attention_decode": _attention_decode_cases,
+    "router_margin": _router_margin_cases,
+    "coherent_select": _coherent_select_cases,
+    "coherent_route": _coherent_route_cases,
+}
+
+
+def test_every_op_has_contract_cases():
+    assert set(CASES) == set(OPS)
+
+
+@pytest.fixture
+def choices(monkeypatch):
+    """(backend asked for, backend that ran, the asked one's reason when it did not) of every routed call."""
+    seen = []
+    real = dispatch.choose
+
+    def spy(op, backend, call, device):
+        impl = real(op, backend, call, device)
+        why = ""
+        if impl.name != backend:
+            asked = get_backend(backend)
+            ok, why = asked.verify(op, **call) if asked.is_available() else (False, "unavailable")
+            assert not ok and why, f"{backend} was asked for {op}, accepted it, and {impl.name} ran"
+        seen.append((backend, impl.name, why))
+        return impl
+
+    monkeypatch.setattr(dispatch, "choose", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", list(CASES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_the_reference(backend, op, dtype, choices, monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
+    gen = torch.Generator().manual_seed(sum(map(ord, op)))
+    impl = get_backend(backend)
+    for label, call, reference, compare in CASES[op](dtype, gen):
+        compare(call(backend), reference(), f"{backend} {op} {label}")
+    mine = [c for c in choices if c[0] == backend]
+    assert mine, "no call was made"
+    assert all(ran in (backend, REFERENCE) for _, ran, _ in mine)
+    if impl.is_available() and impl.supports(op):
+        reasons = sorted({why for _, ran, why in mine if ran != backend})
+        assert any(ran == backend for _, ran, _ in mine), f"{backend} declined every {op} case: {reasons}"
+    else:  # not here, or not this op: every call was the reference's
+        assert all(ran == REFERENCE for _, ran, _ in mine)

@@ -1,0 +1,75 @@
+"""A/B switches of the fused kernels' default launch configs, passed explicitly (no environment knobs).
+
+The defaults are the tuned choices; a benchmark that compares against the previous config turns one off for a
+block of calls (``with use_kernel_options(skinny_swap=False): ...``, or ``wide bench --kernel-option
+skinny_swap=0``). Explicit launch configs (``config=`` on a backend's method) are never changed by them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Sequence
+
+from wide.registry import suggest
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """Switches of the triton backend's default configs (each ``True`` = the tuned default)."""
+
+    persistent_mn: bool = True
+    """Prefill-sized gemm_mn / SwiGLU (M >= 1024, groups of >= 128) take the persistent kernel over the active
+    tiles; ``False`` gives one program per tile back (``GemmConfig.persistent = 0``)."""
+    skinny_swap: bool = True
+    """Decode-sized GEMMs (M <= 16 gemm_mn / SwiGLU, M <= 32 gemm_k) compute transposed tiles (``GemmConfig.swap``,
+    Hopper's wgmma); ``False`` gives the row tiles back."""
+    decode_fold: bool = True
+    """Decode attention with many (row, KV head) pairs combines its key splits in the last split program
+    (``AttentionConfig.fold``); ``False`` keeps the second launch."""
+
+    def changed(self) -> dict[str, bool]:
+        """The switches that differ from the defaults (what a benchmark records next to its timings)."""
+        base = KernelOptions()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(base, f.name)}
+
+    @classmethod
+    def parse(cls, items: Sequence[str], flag: str = "--kernel-option") -> "KernelOptions":
+        """``["persistent_mn=0", "skinny_swap=false"]`` -> options; a bad item raises one error naming ``flag``."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        values: dict[str, bool] = {}
+        for item in items:
+            name, sep, raw = item.partition("=")
+            name = name.strip()
+            if name not in names:
+                raise ValueError(f"{flag}: unknown kernel option {name!r}.{suggest(name, names)} "
+                                 f"Options: {', '.join(names)}")
+            value = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}.get(
+                raw.strip().lower())
+            if not sep or value is None:
+                raise ValueError(f"{flag}: {item!r} must be NAME=0 or NAME=1")
+            values[name] = value
+        return cls(**values)
+
+
+_CURRENT = [KernelOptions()]
+
+
+def kernel_options() -> KernelOptions:
+    """The options routed calls run with now (the defaults unless a `use_kernel_options` block is open)."""
+    return _CURRENT[-1]
+
+
+@contextlib.contextmanager
+def use_kernel_options(options: KernelOptions | None = None, **fields: bool) -> Iterator[KernelOptions]:
+    """Run a block of routed calls with ``options`` (or the current ones with ``fields`` replaced).
+
+    Process-wide, not per thread: the calls of one model run through one set of launch configs.
+    """
+    opts = dataclasses.replace(options or kernel_options(), **fields)
+    _CURRENT.append(opts)
+    try:
+        yield opts
+    finally:
+        _CURRENT.pop()

@@ -1,0 +1,273 @@
+"""Reduction-width routed GEMM (`gemm_k`) on Triton: the host function that picks the path, its configs and
+heuristics, and the launchers of the kernels in `wide.kernels.triton.gemm_k_kernels`.
+
+Paths (`gemm_k` picks one per call from M, K, the group size and the plan):
+- ``direct``: natural-order token tiles whose K loop is affine (loads of unused groups masked off), walks the
+  plan's needed-group list (``"list"``) or a list each program builds itself (``"local"``): decode sizes;
+- ``dense`` (``"premask"``, large M): one masking pass + cuBLAS (with independent masks every tile needs every
+  group), skipped where x is known to be masked already;
+- ``sorted`` (from `K_SORTED_MIN_M`, structured masks): the plan's pattern-sorted tokens, each tile walking its
+  own needed groups, where those tiles need few enough of their groups (one host read per plan, eager only).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..options import KernelOptions, kernel_options
+from ..plan import RoutingPlan, plan_for
+from .common import GemmConfig, arrival_counters, capturing, for_element_size, interpreting, pow2_divisor
+from .gemm_k_kernels import _gemm_k_kernel, _gemm_k_sorted_kernel, _mask_columns_kernel
+
+# gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
+K_PREMASK_MIN_M = 512
+# ... unless the plan's pattern-sorted tiles need at most this share of their (tile, group) pairs, and M is
+# at least K_SORTED_MIN_M: then gemm_k_sorted. H200, 2026-12-01 (benchmarks/kernels.py --ops gemm_k_sorted,
+# down_proj shape): its time is ≈ 1.6 x share x cuBLAS's at M=16384 (share 0.48: 1.34x, 0.52: 1.20x) and
+# ≈ 1.6-1.9 x at M=4096 (0.48: 1.10x, 0.62: 0.99x), while building the sorted plan (argsort, gather,
+# partition, one host read) took 0.35-0.65 ms eagerly: a clear net win at 16384 (0.67 ms saved), none at
+# 4096 (0.06 ms). 8192 lies between, untimed. Independent random masks never qualify (every tile needs
+# every group).
+K_SORTED_MAX_SHARE = 0.55
+K_SORTED_MIN_M = 8192
+
+
+def default_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None) -> GemmConfig:
+    """The gemm_k config (H200-tuned); ``options`` (default: the current `kernel_options`) may switch the
+    transposed decode tiles off."""
+    options = options or kernel_options()
+    if interpreting():
+        return GemmConfig(1 if M == 1 else 16, 16, pow2_divisor(K, 32))
+    bk = pow2_divisor(K, 128)  # the affine loop takes chunks spanning several narrow groups
+    if M == 1:
+        if group >= 128:
+            # GEMV: the compacted group list wastes no loop trips on skipped groups (run 3: 16.3 us, 1.92x;
+            # narrow groups make its chunks too small: 32-wide 44.9 us)
+            # (2026-11-30 sweep, no L2 reuse: 8 warps 7.8 / 18.8 us for o / down at 50% vs 8.5 / 19.8 with 4)
+            # ("local": each program builds the list from the mask row itself, no launch before the GEMV)
+            return GemmConfig(1, 32, pow2_divisor(group, 128), num_warps=8, num_stages=4, split_k=4,
+                              variant="local")
+        return GemmConfig(1, 32, bk, num_warps=4, num_stages=4, split_k=4)
+    if M <= 32:  # chunks inside one group: uniform masks along K keep the loads vectorized
+        # the transposed tile (swap, wgmma over 64 weight rows): 2026-12-01 sweep at M=16, coherent 50%: o 8.6 us,
+        # down 19.3 (list, 5 stages) vs 10.1 / 20.6 with 16 x 32 row tiles (split 8 for down)
+        if not options.skinny_swap:  # the row tiles (2026-11-30 sweep)
+            if group >= 128:
+                return GemmConfig(16, 32, pow2_divisor(group, 128), num_warps=4, num_stages=4,
+                                  split_k=8 if K >= 8192 else 4, variant="list")
+            return GemmConfig(16, 64, pow2_divisor(group, 128), num_warps=4, num_stages=4, split_k=4)
+        if group >= 128:
+            # the needed-group list (the union of the rows' groups): batch-coherent decode masks skip half the
+            # loop (2026-11-30 sweep at M=16, 50%: list 10.0 / 20.7 us vs affine 11.1 / 23.8 for o / down).
+            # The plan's list, not "local": building it in each program cost more than its launch
+            # (2026-12-01, down at 50%: 31.6 us local vs 21.0 list)
+            return GemmConfig(16, 64, pow2_divisor(group, 128), num_warps=4, num_stages=5, split_k=4,
+                              variant="list", swap=True)
+        bk = pow2_divisor(group, 128)
+        return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4, swap=bk >= 64)
+    if M < K_PREMASK_MIN_M:
+        return GemmConfig(64, 128, pow2_divisor(group, 64), num_warps=4, num_stages=4, split_k=4)
+    return GemmConfig(128, 128, 64, variant="premask")
+
+
+# decode gemm_k walks a needed-group list (the plan's costs a launch to build) unless the groups some row needs,
+# expected from the plan's density hint, are at least this share: near full density the list skips no loop
+# trips, and the affine loop was the faster config anyway (H200 sweep, 2026-12-01, M=1 at 100%: o 11.7 us
+# affine / 12.0 list, down 31.5 / 32.2 — the list timed without its launch; at 50% the list wins, 8.1 / 18.7
+# against 19.9 affine for down; M=16 per-token 50%, where 16 rows need ~every group: down 32.3 affine / 34.4 list)
+K_LIST_MAX_HINT = 0.9
+
+
+def affine_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None) -> GemmConfig:
+    """The decode gemm_k config with no group list (dense-ish masks): the sweep's best at full density."""
+    options = options or kernel_options()
+    if interpreting():
+        return GemmConfig(1 if M == 1 else 16, 16, pow2_divisor(K, 32))
+    if M == 1:
+        return GemmConfig(1, 32, pow2_divisor(K, 128), num_warps=8, num_stages=4, split_k=4)
+    bk = pow2_divisor(group, 128)
+    if bk < 64 or not options.skinny_swap:  # narrow groups: chunks across groups (per-column decisions), row tiles
+        return GemmConfig(16, 64, pow2_divisor(K, 128), num_warps=4, num_stages=4, split_k=8 if K >= 8192 else 4)
+    # the transposed tile (2026-12-01 sweep, M=16 all on: o 12.3 us, down 32.1 vs 12.9 / 32.4 with 16 x 64 row tiles)
+    return GemmConfig(16, 64, bk, num_warps=4, num_stages=4, split_k=4, swap=True)
+
+
+def sorted_k_config(M: int, N: int, K: int, group: int) -> GemmConfig | None:
+    """Config of gemm_k_sorted, or ``None`` where its tiles cannot be cut (group not a multiple of 16)."""
+    if group % 16:
+        return None
+    if interpreting():
+        return GemmConfig(16, 16, pow2_divisor(group, 32), variant="sorted")
+    return GemmConfig(128, 128, pow2_divisor(group, 64), num_warps=8, num_stages=3, variant="sorted")
+
+def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool, config: GemmConfig | None = None,
+           options: KernelOptions | None = None) -> torch.Tensor:
+    """Routed reduction-width GEMM ``(x * mask expanded) @ weight^T (+ bias)``: picks the path and its config,
+    then launches it.
+
+    Args:
+        x: ``[..., K]``; weight: ``[N, K]``; mask: ``[..., K/G]`` bool; bias: ``[N]`` or ``None``.
+        plan: the mask's routing plan or ``None``; out: ``[..., N]`` or ``None``.
+        x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
+        config: an explicit config (its variant is the path); ``None``: `default_k_config`, then the sorted or
+            affine variant where the plan says so.
+        options: the A/B switches of the default configs (``None``: the current `kernel_options`).
+    """
+    K = x.shape[-1]
+    N = weight.shape[0]
+    ng = mask.shape[-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    out = out if out is not None else x.new_empty(*x.shape[:-1], N)
+    if M == 0:
+        return out
+    plan = plan_for(mask, plan)
+    cfg = config if config is not None else for_element_size(default_k_config(M, N, K, K // ng, options),
+                                                             x.element_size())
+    if config is None and cfg.variant == "premask" and M >= K_SORTED_MIN_M and not capturing(x):
+        # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path (one
+        # host read per plan, prefill only; under capture the dense path stays). No tile needs fewer pairs
+        # than its tokens run, so a denser mask never qualifies and is not even sorted.
+        sorted_cfg = sorted_k_config(M, N, K, K // ng)
+        sorted_cfg = sorted_cfg and for_element_size(sorted_cfg, x.element_size())
+        if sorted_cfg is not None and plan.expected_density() <= K_SORTED_MAX_SHARE and \
+                plan.tile_share(sorted_cfg.block_m) <= K_SORTED_MAX_SHARE:
+            cfg = sorted_cfg
+    if config is None and cfg.variant in ("list", "local") and plan.density_hint is not None and \
+            not plan.built("groups"):
+        # the share of groups some row of the call needs: the rate itself when the rows share one mask
+        # (batch-coherent decode), else that of independent rows (at 50%, 16 rows need ~all groups)
+        need = plan.density_hint if plan.rows_shared else 1.0 - (1.0 - plan.density_hint) ** M
+        if need >= K_LIST_MAX_HINT:
+            # (nearly) every group: a list would skip nothing (and the plan's costs a launch)
+            cfg = for_element_size(affine_k_config(M, N, K, K // ng, options), x.element_size())
+    mask2 = mask.reshape(-1, ng).view(torch.uint8)
+    if cfg.variant == "sorted":
+        rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
+        gemm_k_sorted(x2, weight, bias, out.view(-1, N), mask2, rows, tile_list, tile_count, K // ng, cfg,
+                      x_masked=x_masked)
+        return out
+    if cfg.variant == "premask":
+        if not x_masked and not capturing(x):
+            # an all-true mask makes the masking pass a copy: skip it (one host sync per plan, prefill only)
+            x_masked = plan.known_all_active()
+        gemm_k_dense(x2, weight, bias, out.view(-1, N), mask2, K // ng, x_masked=x_masked)
+        return out
+    glist = nlist = None  # "local" builds its tiles' lists in the kernel; the others read none
+    if cfg.variant == "list":
+        glist, nlist = plan.group_list()
+    gemm_k_direct(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
+    return out
+
+
+def _split_k_buffers(x, out, cfg: GemmConfig, workspace, unused):
+    """(split, output tiles, fp32 workspace, arrival counters) of a gemm_k launch; without split-K the
+    workspace and counter arguments are never read, so ``out`` and ``unused`` stand in for them."""
+    M, N = out.shape
+    split = max(1, cfg.split_k)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if split == 1:
+        return split, tiles, out, unused
+    if workspace is None or workspace.numel() < split * M * N:
+        workspace = torch.empty(split * M * N, device=x.device, dtype=torch.float32)
+    return split, tiles, workspace, arrival_counters(x.device, tiles)
+
+
+def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmConfig,
+                  workspace: torch.Tensor | None = None, x_masked: bool = False) -> torch.Tensor:
+    """Routed reduction-width GEMM over token tiles in natural order: ``out = (x * mask expanded) @ weight^T
+    (+ bias)``.
+
+    Args:
+        x: ``[M, K]``; weight: ``[N, K]``; bias: ``[N]`` or ``None``; out: ``[M, N]``.
+        mask: ``[M, G_count]`` uint8 view of the bool mask.
+        glist: ``[G_count]`` int32 groups some token needs, first (the plan's order); nlist: ``[1]`` int32
+            (only read by the ``"list"`` variant; the ``"local"`` variant builds each tile's list in the kernel
+            and takes ``None`` for both).
+        x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    listed = cfg.variant in ("list", "local")
+    if cfg.variant not in ("", "list", "local"):
+        raise ValueError(f"variant={cfg.variant!r} is not a gemm_k_direct variant (gemm_k picks its launcher)")
+    if listed and group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} ({cfg.variant} variant)")
+    if K % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide K={K}")
+    if cfg.block_m == 1 and M != 1:
+        raise ValueError("block_m=1 (GEMV) needs M == 1")
+    if cfg.swap and (cfg.block_m == 1 or group % cfg.block_k):
+        raise ValueError(f"swap=True needs block_m > 1 and block_k={cfg.block_k} dividing the group size {group}")
+    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=mask)
+    ng = K // group
+    block_g = triton.next_power_of_2(ng) if cfg.variant == "local" else 1
+    if cfg.variant == "local":  # each program's list slot (written and read by that program only)
+        glist = torch.empty(tiles * split * block_g, device=x.device, dtype=torch.int32)
+        nlist = glist
+    elif cfg.variant != "list":  # never read
+        glist = nlist = mask
+    _gemm_k_kernel[(tiles, split)](
+        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist,
+        M, N, K, ng,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        mask.stride(0), mask.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=listed,
+        LOCAL_LIST=cfg.variant == "local", BLOCK_G=block_g,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWAP=cfg.swap,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def gemm_k_dense(x, weight, bias, out, mask, group: int, x_masked: bool = False) -> torch.Tensor:
+    """Large-M path (``"premask"``): ``x`` with its masked groups zeroed by one pass (skipped when ``x_masked``),
+    then cuBLAS. Same layouts as :func:`gemm_k_direct`."""
+    M, K = x.shape
+    xm = x
+    if not x_masked:
+        xm = torch.empty(M, K, device=x.device, dtype=x.dtype)
+        bm, bk = 32, 256
+        _mask_columns_kernel[(triton.cdiv(M, bm), triton.cdiv(K, bk))](
+            x, mask, xm, M, K, x.stride(0), x.stride(1), mask.stride(0), mask.stride(1),
+            GROUP=group, BLOCK_M=bm, BLOCK_K=bk, num_warps=4)
+    if bias is not None:
+        torch.addmm(bias, xm, weight.t(), out=out)
+    else:
+        torch.mm(xm, weight.t(), out=out)
+    return out
+
+
+def gemm_k_sorted(x, weight, bias, out, mask, rows, tile_list, tile_count, group: int, config: GemmConfig,
+                  workspace: torch.Tensor | None = None, x_masked: bool = False) -> torch.Tensor:
+    """Large-M routed reduction-width GEMM over the plan's pattern-sorted token order
+    (``RoutingPlan.tile_order(config.block_m)``): a token tile reads and multiplies only the groups one of
+    its tokens runs, so structured masks (tokens that agree on groups) skip work that a tile in sequence
+    order would still do.
+
+    Args:
+        x, weight, bias, out, mask: as in :func:`gemm_k_direct`.
+        rows: ``[M]`` int32, the tokens in sorted order; tile_list: ``[n_tiles, G_count]`` int32, each tile's
+            needed groups first; tile_count: ``[n_tiles]`` int32, how many (``n_tiles = ceil(M / block_m)``).
+    """
+    M, K = x.shape
+    N = weight.shape[0]
+    cfg = config
+    ng = tile_list.shape[-1]
+    if group % cfg.block_k:
+        raise ValueError(f"block_k={cfg.block_k} must divide the group size {group} (sorted variant)")
+    if tile_list.shape[0] != triton.cdiv(M, cfg.block_m) or tile_count.shape[0] != tile_list.shape[0]:
+        raise ValueError(f"the tile lists were built for another block_m than {cfg.block_m}")
+    split, tiles, workspace, counters = _split_k_buffers(x, out, cfg, workspace, unused=tile_count)
+    _gemm_k_sorted_kernel[(tiles, split)](
+        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, rows, tile_list,
+        tile_count, M, N, K, ng,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        mask.stride(0), mask.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, X_MASKED=x_masked,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

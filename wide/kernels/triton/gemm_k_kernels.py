@@ -1,0 +1,215 @@
+"""The reduction-width routed GEMM's ``@triton.jit`` kernels (`gemm_k`); launched only by the host functions in
+`wide.kernels.triton.gemm_k`.
+
+- ``_gemm_k_kernel``: grid over (N tile, token tile, K split). Its K loop is either affine over all
+  chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
+  plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
+  tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace; the tile's last
+  program to arrive (an atomic counter per tile) sums them in split order and writes the output, so the
+  sum is deterministic and needs no second launch. ``GemmConfig.swap``: the transposed skinny tile (wgmma).
+- ``_gemm_k_sorted_kernel`` (large M, structured masks): tokens in the plan's pattern-sorted order (one
+  permutation per mask, gathered on load and scattered on store), each token tile walking its own compacted
+  list of needed groups.
+- ``_mask_columns_kernel``: the dense path's masking pass before cuBLAS (large M: with independent random
+  masks every tile needs every group).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tiles import grouped_tile
+
+
+@triton.jit
+def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, pid_s, M, N,
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Writes a gemm_k tile: directly, or (split-K) its partial to the fp32 workspace ``ws_tile`` (the tile's
+    rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes."""
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=ok)
+    else:
+        tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
+        # the atomic releases this program's partial and acquires the others'; the last program resets the
+        # counter for the next launch (CUDA-graph replays included). The barrier first: every thread's stores
+        # before the one thread's releasing atomic (a release covers only what that thread has seen)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        if done == SPLIT - 1:
+            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):  # fixed order: deterministic
+                tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptrs, tot.to(out_ptrs.dtype.element_ty), mask=ok)
+            tl.store(cnt_ptr + pid, 0)
+
+
+@triton.jit
+def _gemm_k_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr,
+    M, N, K, G,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
+    LOCAL_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+
+    CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variants only)
+    SPAN: tl.constexpr = GROUP % BLOCK_K != 0  # chunks cross group boundaries: per-column decisions
+    if USE_LIST:
+        # visit only the groups some token needs: dependent loads, but no loop trips for unused groups
+        if LOCAL_LIST:
+            # this tile's own list, built here from its rows' mask (no launch before this one): the union of
+            # the rows' groups, compacted in ascending order into this program's slot of glist_ptr (scratch),
+            # read back after a barrier
+            gg = tl.arange(0, BLOCK_G)
+            gin = gg < G
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            use_g = tl.load(mask_ptr + rows.to(tl.int64)[:, None] * stride_mm + gg[None, :] * stride_mg,
+                            mask=(rows < M)[:, None] & gin[None, :], other=0)
+            need = tl.max((use_g != 0).to(tl.int32), axis=0)
+            n_list = tl.sum(need, 0)
+            my_list = glist_ptr + (pid * SPLIT + pid_s).to(tl.int64) * BLOCK_G
+            tl.store(my_list + tl.cumsum(need, 0) - need, gg, mask=need != 0)
+            tl.debug_barrier()
+        else:  # the plan's list (one launch per plan, shared by the paired ops)
+            n_list = tl.load(nlist_ptr)
+            my_list = glist_ptr
+        per = tl.cdiv(n_list, SPLIT)
+        lo = pid_s * per * CPG
+        hi = tl.minimum(pid_s * per + per, n_list) * CPG
+    else:
+        # affine loop over all K chunks; loads of a group no token in the tile uses are masked off,
+        # which moves no bytes and keeps the loop software-pipelined
+        n_chunks = K // BLOCK_K
+        per = tl.cdiv(n_chunks, SPLIT)
+        lo = pid_s * per
+        hi = tl.minimum(lo + per, n_chunks)
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mvalid = rm < M
+    nvalid = rn < N
+    rm64 = rm.to(tl.int64)
+    if BLOCK_M == 1:
+        part = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    elif SWAP:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(lo, hi):
+        if USE_LIST:
+            g = tl.load(my_list + i // CPG)
+            kk = g * GROUP + (i % CPG) * BLOCK_K + rk
+        elif SPAN:
+            kk = i * BLOCK_K + rk
+            g = kk // GROUP  # per column: the chunk spans several narrow groups
+        else:
+            kk = i * BLOCK_K + rk
+            g = (i * BLOCK_K) // GROUP  # one group per chunk: masks stay uniform along K (16-byte loads)
+        if BLOCK_M == 1:
+            # the decision broadcast over the chunk (one address per group: cheap, cached)
+            use1 = tl.load(mask_ptr + pid_m.to(tl.int64) * stride_mm + g * stride_mg + rk * 0) != 0
+            b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                        mask=nvalid[None, :] & use1[:, None], other=0.0)
+            a = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + kk * stride_xk, mask=use1, other=0.0)
+            part += a.to(tl.float32)[:, None] * b.to(tl.float32)
+        elif SPAN:
+            use = tl.load(mask_ptr + rm64[:, None] * stride_mm + g[None, :] * stride_mg,
+                          mask=mvalid[:, None], other=0) != 0
+            col_used = tl.max(use.to(tl.int32), 0)  # [BLOCK_K]: some row of the tile runs this column
+            b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                        mask=nvalid[None, :] & (col_used[:, None] != 0), other=0.0)
+            a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use, other=0.0)
+            acc = tl.dot(a, b, acc)
+        else:
+            use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
+            any_use = tl.max(use.to(tl.int32), 0)
+            if SWAP:  # W [BLOCK_N, BLOCK_K] x x^T [BLOCK_K, BLOCK_M]
+                b = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk,
+                            mask=(nvalid[:, None].to(tl.int32) * any_use) != 0, other=0.0)
+                a = tl.load(x_ptr + rm64[None, :] * stride_xm + kk[:, None] * stride_xk,
+                            mask=use[None, :], other=0.0)
+                acc_t = tl.dot(b, a, acc_t)
+            else:
+                b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                            mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
+                # rows whose token skips this group are neither loaded nor counted
+                a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
+                            mask=use[:, None], other=0.0)
+                acc = tl.dot(a, b, acc)
+    if BLOCK_M == 1:
+        acc = tl.expand_dims(tl.sum(part, axis=0), 0)
+    elif SWAP:
+        acc = tl.trans(acc_t)
+
+    _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
+                   ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid,
+                   cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _gemm_k_sorted_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, rows_ptr, tlist_ptr, tn_ptr,
+    M, N, K, G,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, X_MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # token tile = BLOCK_M consecutive entries of the plan's pattern-sorted token order; its K loop visits
+    # only the groups some token of the tile runs (the plan's per-tile compacted list): neither the weight
+    # bytes nor the MMAs of the other groups are spent
+    pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+
+    CPG: tl.constexpr = GROUP // BLOCK_K
+    n_list = tl.load(tn_ptr + pid_m)
+    per = tl.cdiv(n_list, SPLIT)
+    lo = pid_s * per * CPG
+    hi = tl.minimum(pid_s * per + per, n_list) * CPG
+
+    pos = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the sorted order
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mvalid = pos < M
+    nvalid = rn < N
+    row = tl.load(rows_ptr + pos, mask=mvalid, other=0).to(tl.int64)  # the tokens themselves
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(lo, hi):
+        g = tl.load(tlist_ptr + pid_m.to(tl.int64) * G + i // CPG)
+        kk = g * GROUP + (i % CPG) * BLOCK_K + rk
+        b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn, mask=nvalid[None, :], other=0.0)
+        if X_MASKED:
+            use = mvalid
+        else:  # rows whose token skips this group are neither loaded nor counted
+            use = tl.load(mask_ptr + row * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
+        a = tl.load(x_ptr + row[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use[:, None], other=0.0)
+        acc = tl.dot(a, b, acc)
+
+    # outputs go back to the tokens' own rows; split-K partials stay in sorted positions
+    _finish_k_tile(acc, out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on,
+                   ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr,
+                   rn, nvalid, cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _mask_columns_kernel(x_ptr, mask_ptr, y_ptr, M, K, stride_xm, stride_xk, stride_mm, stride_mg,
+                         GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``y = x * mask expanded over K groups`` (exact zeros); feeds the dense large-M gemm_k path."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    inb = (rm < M)[:, None] & (rk < K)[None, :]
+    rm64 = rm.to(tl.int64)
+    keep = tl.load(mask_ptr + rm64[:, None] * stride_mm + (rk // GROUP)[None, :] * stride_mg, mask=inb, other=0) != 0
+    x = tl.load(x_ptr + rm64[:, None] * stride_xm + rk[None, :] * stride_xk, mask=inb & keep, other=0.0)
+    tl.store(y_ptr + rm64[:, None] * K + rk[None, :], x, mask=inb)
