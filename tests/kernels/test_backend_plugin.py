@@ -62,7 +62,7 @@ def plugins(monkeypatch):
 
 
 def test_a_registered_backend_is_configured_listed_and_picked(plugins, caplog):
-    from wide.bench import parser
+    from wide.bench.cli import parser
 
     assert WideConfig(backend="throwaway").backend == "throwaway"
     with pytest.raises(ValueError, match="backend: unknown kernel backend 'throwawya'.*Did you mean 'throwaway'"):
