@@ -123,7 +123,8 @@ def main(argv=None):
     rows = []
     lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x "
              f"{args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, bf16 autocast", "",
-             "| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |", "|---|---|---:|---:|---:|---:|---:|"]
+             "| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     print(lines[0], flush=True)
     for path in paths:
         for kd in (bool(int(k)) for k in args.kd.split(",")):

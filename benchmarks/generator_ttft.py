@@ -70,7 +70,8 @@ def main(argv=None) -> None:
     keys = [k for k in next(iter(dense.values())) if k != "plan"]
     lines = [f"sparsity {args.sparsity}, layers {model.config.num_hidden_layers}, chunk sizes "
              f"{args.chunks or 'default'}, batch 1", "",
-             "| prompt | routed Generator chunks | " + " | ".join(f"{k} dense / routed ms (ratio)" for k in keys) + " |",
+             "| prompt | routed Generator chunks | "
+             + " | ".join(f"{k} dense / routed ms (ratio)" for k in keys) + " |",
              "|---|---|" + "---|" * len(keys)]
     for t in args.prompts:
         cells = [f"{dense[t][k]:.1f} / {routed[t][k]:.1f} ({dense[t][k] / routed[t][k]:.2f}x)" for k in keys]

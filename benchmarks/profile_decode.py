@@ -17,8 +17,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 
@@ -74,7 +72,8 @@ def main(argv=None) -> None:
 
     print(common.meta_line(common.meta(device)))
     L = args.layers
-    print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the {args.shape} shape, {args.dtype}, "
+    print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the {args.shape} shape, "
+          f"{args.dtype}, "
           f"CUDA graph replay, glue {'not ' if args.no_fuse_glue else ''}fused; per layer = per step / {L}")
     for name, (wall, table) in results.items():
         gpu = sum(t for t, _ in table.values())

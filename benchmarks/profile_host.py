@@ -113,8 +113,8 @@ def layer_table(args, device, dtype) -> None:
             forward()
             torch.cuda.synchronize()
         timers.on = False
-        print(f"\n{side} ({router} routers at {args.sparsity:.0%} on the routed side), T={tokens}, {layers} layers, host time per "
-              f"layer (inclusive, mean of {iters} forwards)")
+        print(f"\n{side} ({router} routers at {args.sparsity:.0%} on the routed side), T={tokens}, {layers} layers, "
+              f"host time per layer (inclusive, mean of {iters} forwards)")
         print("\n".join(timers.table("A decoder layer (all)")))
 
 

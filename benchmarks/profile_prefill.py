@@ -138,7 +138,8 @@ def main(argv=None) -> None:
     what = (f"decode step ({'coherent' if args.coherent else 'per-token'} routing), batch {args.decode}, context"
             if args.decode else "prefill")
     print(common.meta_line(common.meta(device)))
-    print(f"{what} T={args.tokens}, {args.layers} layers of the {args.shape} shape, {args.dtype}, sparsity {args.sparsity}"
+    print(f"{what} T={args.tokens}, {args.layers} layers of the {args.shape} shape, {args.dtype}, "
+          f"sparsity {args.sparsity}"
           + (", glue fused (wide.fuse_glue)" if args.fuse_glue else ""))
     for name, (wall, groups, count, syncs) in results.items():
         gpu = sum(groups.values())
