@@ -12,34 +12,31 @@ achieved TFLOP/s and MFU (`wide.callbacks.throughput`: formula and peak table) a
 
     python benchmarks/calibration_throughput.py                       # 16 x 1024, all rows
     python benchmarks/calibration_throughput.py --paths torch,liger --micro-batch 4 --json out.json
+    python benchmarks/calibration_throughput.py --device cpu --layers 1 --batch-size 2 --seq-len 32 \
+        --paths torch --kd 0 --warmup 0 --iters 1                     # CPU smoke run
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                  num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True)
-"""Qwen2.5-Coder-1.5B-Instruct's architecture (its config.json), weights random."""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
+
+PATHS = ("hf", "torch", "liger")
 
 
-def build(layers, device):
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
+def build(shape, layers, device, dtype):
     import wide
 
-    cfg = Qwen2Config(**{**QWEN25_15B, **({"num_hidden_layers": layers} if layers else {})})
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = common.random_model(shape, layers, device, dtype)
     model.config.use_cache = False
-    routing = wide.WideConfig(sparsity=0.5, attn_group_size=6, ffn_group_size=128, router="lowrank", router_rank=32)
+    heads = model.config.num_attention_heads // model.config.num_key_value_heads  # one group per kv head
+    routing = wide.WideConfig(sparsity=0.5, attn_group_size=heads, ffn_group_size=128, router="lowrank", router_rank=32)
     return wide.apply_wide(model, routing).train()
 
 
@@ -52,7 +49,7 @@ def step_fn(model, path, kd, micro, batch, seq, device):
     opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.01)
     cfg = None if path == "hf" else LossConfig(lm=1.0, kd=1.0 if kd else 0.0, temperature=2.0, backend=path)
     runtime = wide.modeling.runtime_of(model)
-    ids = torch.randint(0, 32000, (batch, seq), device=device)
+    ids = torch.randint(0, min(32000, model.config.vocab_size), (batch, seq), device=device)
     state = {"i": 0}
 
     def run():
@@ -102,46 +99,50 @@ def measure(model, path, kd, micro, batch, seq, device, warmup, iters):
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None, "loss": float(loss)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None):
+    ap = common.parser(__doc__, shape="qwen2.5-1.5b", layers=True)
     ap.add_argument("--batch-size", type=int, default=16, help="rows per optimizer step")
     ap.add_argument("--micro-batch", type=int, default=None, help="rows per forward (default: the whole batch)")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--paths", default="hf,torch,liger", help="comma list of hf, torch, liger")
     ap.add_argument("--kd", default="0,1", help="comma list: 0 (LM loss only), 1 (with self-distillation)")
-    ap.add_argument("--layers", type=int, default=None, help="keep only the first N layers (smoke runs)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--json", default=None, help="also write the rows here")
-    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke runs)")
-    args = ap.parse_args()
-    device = torch.device(args.device)
-    model = build(args.layers, device)
+    args = ap.parse_args(argv)
+    paths = args.paths.split(",")
+    if not set(paths) <= set(PATHS):
+        raise SystemExit(f"calibration_throughput.py: --paths takes {', '.join(PATHS)}, got {args.paths}")
+    if not set(args.kd.split(",")) <= {"0", "1"}:
+        raise SystemExit(f"calibration_throughput.py: --kd takes 0 and / or 1, got {args.kd}")
     micro = args.micro_batch or args.batch_size
+    if args.batch_size < 1 or args.batch_size % micro:
+        raise SystemExit(f"calibration_throughput.py: --micro-batch ({micro}) must divide --batch-size "
+                         f"({args.batch_size})")
+    device, dtype = common.setup(args)
+    model = build(args.shape, args.layers, device, dtype)
     rows = []
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"# {name}, Qwen2.5-1.5B shape"
-          f"{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x {args.seq_len} tokens per step, "
-          f"micro-batch {micro}, bf16")
-    print("| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |\n|---|---|---:|---:|---:|---:|---:|")
-    for path in args.paths.split(","):
+    lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x "
+             f"{args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, bf16 autocast", "",
+             "| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    print(lines[0], flush=True)
+    for path in paths:
         for kd in (bool(int(k)) for k in args.kd.split(",")):
             if path == "hf" and kd:
                 continue  # HF's loss has no teacher term
             try:
                 r = measure(model, path, kd, micro, args.batch_size, args.seq_len, device, args.warmup, args.iters)
             except torch.OutOfMemoryError:  # the hf path at large batches: say so and go on
-                print(f"| {path} | {'yes' if kd else 'no'} | out of memory | | | | |")
+                lines.append(f"| {path} | {'yes' if kd else 'no'} | out of memory | | | | |")
                 torch.cuda.empty_cache()
                 continue
             rows.append(r)
             mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
             mem = "–" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
-            print(f"| {path} | {'yes' if kd else 'no'} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
-                  f"{r['tflops']:.1f} | {mfu} | {mem} |", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": name, "rows": rows}, f, indent=2)
+            lines.append(f"| {path} | {'yes' if kd else 'no'} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['tflops']:.1f} | {mfu} | {mem} |")
+            print(lines[-1], flush=True)
+    common.report(args, {"args": vars(args), "rows": rows}, "\n".join(lines), device)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
+from benchmarks import common  # noqa: E402
+from benchmarks.common import graph_ms as bench_graph, print_fastest, time_candidate  # noqa: E402
 from wide.kernels import get_backend  # noqa: E402
 from wide.kernels.triton.attention import AttentionConfig as A  # noqa: E402
 
@@ -40,20 +40,19 @@ FOLD = [None] + [A(block_n=64, num_warps=w, num_stages=st, splits=sp, fold=f)
                  for f in (False, True)]
 
 
-def main() -> None:
-    import argparse
-
+def main(argv=None) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from wide.kernels.triton.attention import decode_splits
 
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, {HQ} q / {HK} kv heads, D={D}, "
-          f"{VALID} of {SLOTS} cache slots valid")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--quick", action="store_true", help="a few candidates (~9) instead of 28")
     ap.add_argument("--fold", action="store_true", help="the folded combine against the second launch (13)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    common.setup(args)
+    print(common.meta_line(common.meta()))
+    print(f"bf16, {HQ} q / {HK} kv heads, D={D}, {VALID} of {SLOTS} cache slots valid")
     candidates = FOLD if args.fold else QUICK if args.quick else CANDIDATES
     tb = get_backend("triton")
     for B in args.batch:

@@ -15,11 +15,13 @@ import argparse
 from pathlib import Path
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chunks", type=Path, required=True, help="folder with manifest.txt and chunk_NN files")
     ap.add_argument("--dest", type=Path, required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not (args.chunks / "manifest.txt").is_file():
+        raise SystemExit(f"device_assets.py: --chunks {args.chunks} has no manifest.txt")
     entries = [(name, int(size)) for name, size in
                (line.split() for line in (args.chunks / "manifest.txt").read_text().splitlines() if line.strip())]
     chunks = []

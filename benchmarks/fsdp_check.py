@@ -22,7 +22,6 @@ the docstrings of the installed ``transformers`` package (offline, real English 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import csv
 import math
@@ -35,9 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                 tie_word_embeddings=True, rms_norm_eps=1e-6)
+from benchmarks.common import QWEN25_15B as QWEN_1_5B  # noqa: E402
+from benchmarks import common  # noqa: E402
+
 SMOKE = dict(QWEN_1_5B, hidden_size=384, intermediate_size=1024, num_hidden_layers=2, vocab_size=8192)
 FSDP2 = '{"class_path": "wide.distributed.FSDP2Strategy"}'
 CPU = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--data.seq_len", "128"]
@@ -238,8 +237,8 @@ def check_checkpoint(out: Path, model: str, name: str, steps: int) -> None:
         f"{len(ckpt['state_dict'])} trained tensors, tau {ckpt['wide']['tau']}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> None:
+    parser = common.parser(__doc__, device=None, dtype=None, outputs=False)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--out", default="runs/fsdp_check")
     parser.add_argument("--smoke", action="store_true", help="2-layer model, 6 steps")
@@ -249,12 +248,15 @@ def main() -> None:
     parser.add_argument("--fetch", action="store_true", help="fetch missing assets (needs network)")
     parser.add_argument("--report", help="copy the small results here: summary, metrics.csv and log per run, "
                         "the FSDP2 routers.safetensors (not the model)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        raise SystemExit("fsdp_check.py: --steps must be at least 2")
     steps = 6 if args.smoke else args.steps
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
+    log(common.meta_line(common.meta()))
     log(f"GPUs: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-'}")
     if torch.cuda.device_count() < 2 and not args.cpu:
         raise SystemExit("needs 2 CUDA devices (--cpu tests the script itself on CPU)")

@@ -11,7 +11,6 @@ groups, as coherent decode makes them) and per-token (independent rows). Prints 
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py            # batch 1 (H200: ~1 min)
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py --m 16     # batch 16
 """
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_graph, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
+from benchmarks import common  # noqa: E402
+from benchmarks.common import graph_ms, print_fastest, time_candidate  # noqa: E402
 from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
@@ -55,8 +53,8 @@ CANDIDATES_16 = {"gemm_k": [None] + K16, "gemm_mn": [None] + MN16, "swiglu": [No
 
 
 def graph_us(fns, reps: int = 30) -> float:
-    """Median us per call of ``fns`` (3 rounds of all of them in one CUDA graph; kernels.py's graph timer)."""
-    return bench_graph(lambda: [f() for f in fns], inner=3, reps=reps) / len(fns) * 1e3
+    """Median us per call of ``fns`` (3 rounds of all of them in one CUDA graph)."""
+    return graph_ms(list(fns) * 3, reps=reps) * 1e3
 
 
 def routed_calls(op, x, ws, w2s, mask, plan, cfg):
@@ -84,18 +82,20 @@ def masks(m: int, ng: int):
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> None:
+    ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
     ap.add_argument("--m", type=int, default=1, choices=[1, 16], help="rows (decode batch)")
     ap.add_argument("--swap-only", action="store_true",
                     help="with --m 16: only the default and the transposed-tile (swap) configs")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    common.setup(args)
     m = args.m
     candidates = CANDIDATES if m == 1 else CANDIDATES_16
     if args.swap_only:
         candidates = {op: [c for c in cs if c is None or (c[1] if isinstance(c, tuple) else c).swap]
                       for op, cs in candidates.items()}
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, M={m}, {COPIES} weight copies")
+    print(common.meta_line(common.meta()))
+    print(f"bf16, M={m}, {COPIES} weight copies")
     for name, (op, N, K, group) in SHAPES.items():
         x = torch.randn(m, K, device=DEV, dtype=DT)
         ws = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)]

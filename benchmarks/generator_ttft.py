@@ -14,31 +14,14 @@ two paths.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def wall_ms(fn, reps: int) -> float:
-    def once():
-        _sync()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        return (time.perf_counter() - t0) * 1e3
-    once()  # warm-up: kernels, captures
-    return statistics.median(once() for _ in range(reps))
+from benchmarks import common  # noqa: E402
+from benchmarks.common import wall_ms  # noqa: E402  (one warm-up call: the Generator's captures happen there)
 
 
 def measure(model, prompts: dict, new: int, reps: int, max_cache_len: int, chunk=None) -> dict:
@@ -58,48 +41,45 @@ def measure(model, prompts: dict, new: int, reps: int, max_cache_len: int, chunk
     return out
 
 
-def main() -> None:
-    import wide
-    from wide.bench.models import build_model, random_ids
-    from wide.bench.synthetic import set_synthetic_rate
-    from wide.modeling.inference import enable_kernels
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--sparsity", type=float, default=0.5)
+def main(argv=None) -> None:
+    ap = common.parser(__doc__, shape="llama-8b", layers=True)
+    ap.add_argument("--model", default=None, help="a local model / asset instead of --shape")
     ap.add_argument("--prompts", type=int, nargs="+", default=[300, 700, 1500, 3000])
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--chunks", type=int, nargs="+", default=None, help="the Generator's chunk sizes (default: its own)")
-    args = ap.parse_args()
+    common.add_routing_args(ap)
+    args = ap.parse_args(argv)
+    device, dtype = common.setup(args)
 
-    torch.manual_seed(0)
-    model = build_model(args.model, args.layers, "cuda", torch.bfloat16)
+    import wide
+    from wide.bench.models import random_ids
+
+    model = common.load_model(args.model, args.shape, args.layers, device, dtype)
     model.generation_config.disable_compile = True
     wide.fuse_glue(model)
-    prompts = {t: random_ids(model, (1, t), "cuda") for t in args.prompts}
+    prompts = {t: random_ids(model, (1, t), device) for t in args.prompts}
     cache_len = -(-(max(args.prompts) + args.new) // 1024) * 1024
     dense = measure(model, prompts, args.new, args.reps, cache_len, args.chunks)
-    torch.cuda.empty_cache()
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router="random", ffn_group_size=128))
-    model.eval()
-    enable_kernels(model, "triton")
-    wide.fuse_glue(model)
-    set_synthetic_rate(model, "random", args.sparsity)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    common.route(model, args.sparsity, args.router, args.ffn_group_size, args.attn_group_size,
+                 backend="triton" if device.type == "cuda" else None, fuse_glue=True)
     routed = measure(model, prompts, args.new, args.reps, cache_len, args.chunks)
 
     keys = [k for k in next(iter(dense.values())) if k != "plan"]
-    print("| prompt | routed Generator chunks | " + " | ".join(f"{k} dense / routed ms (ratio)" for k in keys) + " |")
-    print("|---|---|" + "---|" * len(keys))
+    lines = [f"sparsity {args.sparsity}, layers {model.config.num_hidden_layers}, chunk sizes "
+             f"{args.chunks or 'default'}, batch 1", "",
+             "| prompt | routed Generator chunks | "
+             + " | ".join(f"{k} dense / routed ms (ratio)" for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
     for t in args.prompts:
         cells = [f"{dense[t][k]:.1f} / {routed[t][k]:.1f} ({dense[t][k] / routed[t][k]:.2f}x)" for k in keys]
-        print(f"| {t} | {routed[t]['plan'] or 'one eager forward'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {t} | {routed[t]['plan'] or 'one eager forward'} | " + " | ".join(cells) + " |")
     best = {t: min(dense[t]["ttft generate"], dense[t]["ttft Generator"]) for t in args.prompts}
-    print("routed Generator TTFT against the faster dense path: " + ", ".join(
-        f"{t}: {best[t] / routed[t]['ttft Generator']:.2f}x" for t in args.prompts))
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, sparsity {args.sparsity}, layers "
-          f"{model.config.num_hidden_layers}, chunk sizes {args.chunks or 'default'}")
+    lines += ["", "routed Generator TTFT against the faster dense path: " + ", ".join(
+        f"{t}: {best[t] / routed[t]['ttft Generator']:.2f}x" for t in args.prompts)]
+    common.report(args, {"args": vars(args), "dense": dense, "routed": routed}, "\n".join(lines), device)
 
 
 if __name__ == "__main__":

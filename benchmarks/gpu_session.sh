@@ -7,6 +7,8 @@
 # so calls only upload and poll. Stages, in call order:
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
 #   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and fused glue), GEMV sweep, routing ops, profiles
+#   remeasure     [detached, last GPU] the tables BENCHMARKS.md quotes: kernels.py --quick, wide bench's 4k / decode rows
+#   ab            [detached, last GPU] the decode rows without and with a kernel option (AB_OPTION=skinny_swap=0, ...)
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
@@ -14,9 +16,13 @@
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
 # Make it here with `bash benchmarks/gpu_session.sh wheels` (pip download, no network needed there).
+# Kernel A/B switches are `--kernel-option NAME=0|1` (wide.kernels.KernelOptions), never environment variables.
+# The device's copy of the tree has no git: pass BENCH_COMMIT=<short sha> so results name their commit
+# (benchmarks/common.py writes it, with date, GPU and command, into every --json / --md).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs /tmp/res
+export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=${WIDE_CACHE:-/tmp/wcache} TOKENIZERS_PARALLELISM=false
 W="python3 -m wide.cli"
 detach() { setsid nohup bash "$0" "_$1" > "/tmp/logs/$1.log" 2>&1 < /dev/null & echo "started $1"; }
@@ -38,7 +44,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|smollm|qwen|realbench) detach "$1" ;;
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -74,6 +80,15 @@ _bench)
   python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   echo BENCH_DONE
+  ;;
+_remeasure)
+  # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+    > /tmp/res/kernels_quick.log 2>&1
+  $W bench --fuse-glue --coherent --prefill 4096 --sparsity 0 0.5 --decode-batch 1 16 \
+    --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
+  echo REMEASURE_DONE
   ;;
 _quick)
   # a short decode-focused session: GPU tests, the 4k / decode rows at 0% and 50%, graph-replay decode profiles

@@ -6,6 +6,8 @@ head_dim 128), bf16, random masks. Prints dense/routed ratios with absolute time
     PYTHONPATH=. python3 benchmarks/kernels.py --json results.json
     PYTHONPATH=. python3 benchmarks/kernels.py --tune     # time candidate configs per shape
     PYTHONPATH=. python3 benchmarks/kernels.py --ops router_margin,coherent_select   # some ops only
+    PYTHONPATH=. python3 benchmarks/kernels.py --quick --kernel-option skinny_swap=0  # an A/B of a default config
+    python benchmarks/kernels.py --smoke --ops gemm_mn                   # CPU dry run (Triton interpreter)
 
 Timing: medians of CUDA-event timings. Large ops: ``triton.testing.do_bench`` (L2 flushed between
 runs). Small ops (M <= 128, decode): one CUDA graph holding 20 back-to-back calls, replayed; the same
@@ -23,21 +25,24 @@ two Triton launches it replaces (`router_margin` margins, then `coherent_select`
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import types
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SMOKE = "--smoke" in sys.argv  # CPU dry run of this script through the Triton interpreter, tiny shapes
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from benchmarks.common import rel_err  # noqa: E402
 
 try:
     import wide.kernels  # noqa: F401
@@ -81,66 +86,16 @@ def bench_eager(fn, rep_ms: float = 200.0) -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+    return common.bench_ms(fn, rep_ms)
 
 
 def bench_graph(fn, inner: int = 20, reps: int = 30) -> float:
     """Median ms per call of ``fn`` replayed from a CUDA graph of ``inner`` back-to-back calls."""
-    if SMOKE:
-        return bench_eager(fn)
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    del graph
-    return statistics.median(times)
-
-
-def print_fastest(results: list, line, keep: int = 6) -> None:
-    """Config sweeps: ``results`` of ``(us, config label, error text)``; prints the ``keep`` fastest and the
-    default (label ``"None"``) if it is not among them, each as ``line(us, label, err)``."""
-    best = sorted(results)[:keep]
-    for t, c, err in best + [r for r in results if r[1] == "None" and r not in best]:
-        print(line(t, c, err), flush=True)
-
-
-def time_candidate(results: list, config, setup) -> None:
-    """Config sweeps: appends ``(us, config label, relative error)`` of one candidate to ``results``, where
-    ``setup()`` runs it once and returns ``(out, ref, timer)`` (``timer()``: us a call); a candidate the shape does
-    not take is kept as ``(inf, label, error message)``."""
-    try:
-        out, ref, timer = setup()
-        results.append((timer(), str(config), f"{rel_err(out, ref):.1e}"))
-    except Exception as e:  # noqa: BLE001 - a candidate the shape does not take
-        results.append((float("inf"), str(config), f"{type(e).__name__}: {str(e)[:80]}"))
+    return bench_eager(fn) if SMOKE else common.graph_ms(fn, inner=inner, reps=reps)
 
 
 def bench(fn, small: bool) -> float:
     return bench_graph(fn) if small else bench_eager(fn)
-
-
-def rel_err(out, ref) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
 
 
 def rand_mask(shape, density: float, seed: int) -> torch.Tensor:
@@ -508,19 +463,20 @@ def main_table(args) -> list[dict]:
         rows.append(r)
         print(fmt_row(r), flush=True)
         empty_cache()
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"meta": meta(), "rows": rows}, f, indent=1)
+        if args.json:  # after every row: a run cut short keeps what it timed
+            common.write_json(args.json, {"rows": rows}, meta())
     return rows
 
 
-def meta() -> dict:
-    import triton
+_OPTIONS: dict = {}  # the --kernel-option switches of this run (KernelOptions.changed())
 
-    gpu = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (smoke)"
-    return dict(date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), gpu=gpu,
-                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
-                command=" ".join(sys.argv))
+
+def meta() -> dict:
+    m = common.meta(DEV)
+    if SMOKE:
+        m["gpu"] = "cpu (smoke, Triton interpreter)"
+    m["kernel_options"] = _OPTIONS
+    return m
 
 
 # --------------------------------------------------------------------------------------------------
@@ -578,8 +534,7 @@ def tune(args) -> list[dict]:
             print(f"  {label:70s} FAILED {type(e).__name__}: {str(e)[:150]}", flush=True)
         empty_cache()
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"meta": meta(), "tune": results}, f, indent=1)
+            common.write_json(args.json, {"tune": results}, meta())
 
     deadline = time.time() + args.tune_budget_s
     for T in (4096, 16384):
@@ -609,24 +564,42 @@ def tune(args) -> list[dict]:
     return results
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+OPS = ("gemm_mn", "swiglu", "gemm_k", "gemm_k_sorted", "prefill", "decode", "router_margin", "coherent_select",
+       "coherent_route")
+
+
+def parser():
+    ap = common.parser(__doc__, device=None, dtype=None, kernel_options=True)
     ap.add_argument("--quick", action="store_true", help="target rows only")
-    ap.add_argument("--json", help="write results here")
     ap.add_argument("--tune", action="store_true", help="time candidate kernel configs instead")
     ap.add_argument("--tune-budget-s", type=float, default=300.0)
     ap.add_argument("--no-gather", action="store_true", help="skip the gather baseline")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run (Triton interpreter, tiny shapes)")
-    ap.add_argument("--ops", help="comma-separated ops to time (default: all), e.g. router_margin,coherent_select")
-    args = ap.parse_args()
+    ap.add_argument("--ops", help=f"comma-separated ops to time (default: all): {', '.join(OPS)}")
+    return ap
+
+
+def main(argv=None):
+    from wide.kernels import use_kernel_options
+
+    args = parser().parse_args(argv)
+    bad = [o for o in (args.ops or "").split(",") if o and o not in OPS]
+    if bad:
+        sys.exit(f"kernels.py: --ops takes {', '.join(OPS)}; got {', '.join(bad)}")
+    options = common.kernel_options_of(args)
     if not SMOKE and not torch.cuda.is_available():
-        sys.exit("benchmarks/kernels.py needs a CUDA GPU (or --smoke for a CPU dry run)")
+        sys.exit("kernels.py: needs a CUDA GPU (or --smoke for a CPU dry run)")
+    _OPTIONS.update(options.changed())
     torch.manual_seed(0)
     print(json.dumps(meta()), flush=True)
-    if args.tune:
-        tune(args)
-    else:
-        main_table(args)
+    with use_kernel_options(options):
+        if args.tune:
+            tune(args)
+            return
+        rows = main_table(args)
+    if args.md:
+        Path(args.md).write_text(common.meta_line(meta()) + "\n\n" + HEADER + "\n"
+                                 + "\n".join(fmt_row(r) for r in rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ torch reference; a config the shape or the GPU does not take prints its error.
     PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py              # H200: ~3 min (most of it compiling)
     PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py --m 16384 --ops gate_up
 """
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -20,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import bench_eager, print_fastest, time_candidate  # noqa: E402  (benchmarks/kernels.py)
+from benchmarks import common  # noqa: E402
+from benchmarks.common import bench_ms as bench_eager, print_fastest, time_candidate  # noqa: E402
 from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
@@ -41,15 +40,19 @@ def candidates(op: str, wide: bool) -> list:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
     ap.add_argument("--m", type=int, nargs="+", default=[4096])
     ap.add_argument("--ops", default="q_proj,gate_up")
     ap.add_argument("--densities", type=float, nargs="+", default=[0.5, 1.0])
     ap.add_argument("--wide", action="store_true", help="also one program per tile and other tile depths")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    common.setup(args)
+    bad = [o for o in args.ops.split(",") if o not in SHAPES]
+    if bad:
+        raise SystemExit(f"prefill_gemm_sweep.py: --ops takes {', '.join(SHAPES)}, got {', '.join(bad)}")
     tb, rb = get_backend("triton"), get_backend("torch")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16", flush=True)
+    print(common.meta_line(common.meta()) + "\nbf16", flush=True)
     for M, name in itertools.product(args.m, args.ops.split(",")):
         op, N, K, group = SHAPES[name]
         x = torch.randn(M, K, device=DEV, dtype=DT)

@@ -13,14 +13,12 @@ their gap (the GPU idle between kernels that a graph does not remove: launch lat
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 
 def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]:
@@ -37,36 +35,27 @@ def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]
     return wall, {k: (times[k], counts[k] // iters) for k in times}
 
 
-def main() -> None:
-    from benchmarks.profile_prefill import add_group_args
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> None:
+    ap = common.parser(__doc__, device=None, shape="llama-8b", layers=8, outputs=False)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--coherent", action="store_true")
-    add_group_args(ap)
-    ap.add_argument("--router", choices=["random", "lowrank"], default="random",
-                    help="as `wide bench --router` (lowrank: calibrated untrained low-rank routers)")
     ap.add_argument("--no-fuse-glue", action="store_true")
     ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args()
+    common.add_routing_args(ap)
+    args = ap.parse_args(argv)
+    device, dtype = common.setup(args)
 
-    import wide
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    import wide
     from wide.bench.dense import SLICED, use_attention
-    from wide.bench.models import build_model
     from wide.bench.runners import DecodeRunner
-    from wide.modeling.fuse import fuse_glue
-    from wide.modeling.inference import enable_kernels
 
-    torch.manual_seed(0)
-    model = build_model(None, args.layers, "cuda", torch.bfloat16)
+    model = common.random_model(args.shape, args.layers, device, dtype)
     if not args.no_fuse_glue:
-        fuse_glue(model)
+        wide.fuse_glue(model)
     with use_attention(model, SLICED, keys=args.context + 1):
         runner = DecodeRunner(model, args.batch, args.context, True,
                               attn_ctx=lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
@@ -74,25 +63,17 @@ def main() -> None:
         results = {"dense (sliced cuDNN sdpa)": kernel_table(runner.step, args.iters)}
         del runner
 
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router=args.router,
-                                                ffn_group_size=args.ffn_group_size,
-                                                attn_group_size=args.attn_group_size))
-    model.eval()
-    enable_kernels(model)
-    if not args.no_fuse_glue:
-        fuse_glue(model)
-    from wide.bench.synthetic import set_synthetic_rate
-
-    set_synthetic_rate(model, args.router, args.sparsity)
-    if args.coherent:
-        wide.set_coherent_decode(model, 1)
+    common.route(model, args.sparsity, args.router, args.ffn_group_size, args.attn_group_size,
+                 fuse_glue=not args.no_fuse_glue, coherent=args.coherent)
     runner = DecodeRunner(model, args.batch, args.context, True)
     assert runner.mode == "graph", runner.mode
     results[f"routed ({'coherent' if args.coherent else 'per-token'}, {args.sparsity:.0%})"] = \
         kernel_table(runner.step, args.iters)
 
+    print(common.meta_line(common.meta(device)))
     L = args.layers
-    print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the Llama-3.1-8B shape, bf16, "
+    print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the {args.shape} shape, "
+          f"{args.dtype}, "
           f"CUDA graph replay, glue {'not ' if args.no_fuse_glue else ''}fused; per layer = per step / {L}")
     for name, (wall, table) in results.items():
         gpu = sum(t for t, _ in table.values())

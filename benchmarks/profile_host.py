@@ -14,7 +14,6 @@ of one call of each routed op through the public API and through the backend dir
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 SLEEP_CYCLES = 300_000_000  # ~0.15 s on an H200: longer than the host needs to queue an 8-layer forward
 
@@ -83,19 +83,16 @@ def install(timers: Timers) -> None:
     timers.patch(triton.runtime.jit.JITFunction, "run", "I  Triton JIT launches")
 
 
-def layer_table(router: str, tokens: int, layers: int, iters: int) -> None:
+def layer_table(args, device, dtype) -> None:
     import wide
-    from wide.bench.models import build_model, random_ids
-    from wide.bench.synthetic import set_synthetic_rate
-    from wide.modeling.fuse import fuse_glue
-    from wide.modeling.inference import enable_kernels
+    from wide.bench.models import random_ids
 
+    router, tokens, layers, iters = args.router, args.tokens, args.layers, args.iters
     timers = Timers()
     install(timers)
-    torch.manual_seed(0)
-    model = build_model(None, layers, "cuda", torch.bfloat16)
-    fuse_glue(model)
-    ids = random_ids(model, (1, tokens), "cuda")
+    model = common.random_model(args.shape, layers, device, dtype)
+    wide.fuse_glue(model)
+    ids = random_ids(model, (1, tokens), device)
 
     def forward():
         with torch.inference_mode():
@@ -103,11 +100,7 @@ def layer_table(router: str, tokens: int, layers: int, iters: int) -> None:
 
     for side in ("dense", "routed"):
         if side == "routed":
-            wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router=router, ffn_group_size=128))
-            model.eval()
-            enable_kernels(model)
-            fuse_glue(model)
-            set_synthetic_rate(model, router, 0.5)
+            common.route(model, args.sparsity, router, args.ffn_group_size, args.attn_group_size, fuse_glue=True)
         for _ in range(4):
             forward()
         torch.cuda.synchronize()
@@ -120,8 +113,8 @@ def layer_table(router: str, tokens: int, layers: int, iters: int) -> None:
             forward()
             torch.cuda.synchronize()
         timers.on = False
-        print(f"\n{side} ({router} routers at 50% on the routed side), T={tokens}, {layers} layers, host time per "
-              f"layer (inclusive, mean of {iters} forwards)")
+        print(f"\n{side} ({router} routers at {args.sparsity:.0%} on the routed side), T={tokens}, {layers} layers, "
+              f"host time per layer (inclusive, mean of {iters} forwards)")
         print("\n".join(timers.table("A decoder layer (all)")))
 
 
@@ -172,21 +165,19 @@ def ops_table(tokens: int) -> None:
         print(f"  {us:8.1f} us  {name}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--router", choices=["random", "lowrank"], default="lowrank")
+def main(argv=None) -> None:
+    ap = common.parser(__doc__, device=None, shape="llama-8b", layers=8, outputs=False)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--ops", action="store_true", help="only the per-op table (at --tokens rows)")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("profile_host.py needs a CUDA device")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    common.add_routing_args(ap, router="lowrank")
+    args = ap.parse_args(argv)
+    device, dtype = common.setup(args)
+    print(common.meta_line(common.meta(device)))
     if args.ops:
         ops_table(args.tokens)
     else:
-        layer_table(args.router, args.tokens, args.layers, args.iters)
+        layer_table(args, device, dtype)
 
 
 if __name__ == "__main__":

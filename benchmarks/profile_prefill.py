@@ -15,7 +15,6 @@ op family is what a CUDA graph replays, the host gap is what it removes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 
 def family(name: str) -> str:
@@ -73,38 +73,25 @@ def profile(fn, iters: int):
     return wall, dict(groups), dict(count), syncs
 
 
-def add_group_args(ap: argparse.ArgumentParser) -> None:
-    """The routed side's group sizes, defaulting to `wide bench`'s (the profiles must time what it times)."""
-    ap.add_argument("--ffn-group-size", type=int, default=128, help="as `wide bench` (WideConfig's default is 64)")
-    ap.add_argument("--attn-group-size", type=int, default=None)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> None:
+    ap = common.parser(__doc__, device=None, shape="llama-8b", layers=8, outputs=False)
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--sparsity", type=float, default=0.5)
-    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--decode", type=int, default=0, help="profile a decode step of this many rows instead")
     ap.add_argument("--cprofile", action="store_true", help="also print the routed forward's host hot spots")
     ap.add_argument("--coherent", action="store_true", help="with --decode: batch-coherent decode routing")
     ap.add_argument("--fuse-glue", action="store_true", help="both sides with wide.fuse_glue (compiled norms / RoPE)")
-    ap.add_argument("--router", choices=["random", "lowrank"], default="random",
-                    help="as `wide bench --router` (lowrank: calibrated untrained low-rank routers)")
-    add_group_args(ap)
-    args = ap.parse_args()
+    common.add_routing_args(ap)
+    args = ap.parse_args(argv)
+    device, dtype = common.setup(args)
 
     import wide
-    from wide.bench.models import build_model, random_ids
-    from wide.modeling.inference import enable_kernels
+    from wide.bench.models import random_ids
 
-    torch.manual_seed(0)
-    model = build_model(None, args.layers, "cuda", torch.bfloat16)
+    model = common.random_model(args.shape, args.layers, device, dtype)
     if args.fuse_glue:
-        from wide.modeling.fuse import fuse_glue
-
-        fuse_glue(model)
-    ids = random_ids(model, (1, args.tokens), "cuda")
+        wide.fuse_glue(model)
+    ids = random_ids(model, (1, args.tokens), device)
 
     state: dict = {}
 
@@ -118,8 +105,8 @@ def main() -> None:
         from wide.modeling.generate import cache_kwarg
 
         kw = cache_kwarg(model)
-        ids = random_ids(model, (args.decode, args.tokens), "cuda")
-        new = random_ids(model, (args.decode, 1), "cuda")
+        ids = random_ids(model, (args.decode, args.tokens), device)
+        new = random_ids(model, (args.decode, 1), device)
 
         def fn():  # noqa: F811 - the decode variant
             with torch.inference_mode():
@@ -130,17 +117,8 @@ def main() -> None:
                 state["cache"].crop(-1)
 
     results = {"dense": profile(fn, args.iters)}
-    wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity, router=args.router,
-                                           ffn_group_size=args.ffn_group_size, attn_group_size=args.attn_group_size))
-    model.eval()
-    enable_kernels(model)
-    if args.fuse_glue:
-        fuse_glue(model)
-    from wide.bench.synthetic import set_synthetic_rate
-
-    set_synthetic_rate(model, args.router, args.sparsity)
-    if args.coherent:
-        wide.set_coherent_decode(model, 1)
+    common.route(model, args.sparsity, args.router, args.ffn_group_size, args.attn_group_size,
+                 fuse_glue=args.fuse_glue, coherent=args.coherent)
     state.clear()
     results["routed"] = profile(fn, args.iters)
 
@@ -159,7 +137,9 @@ def main() -> None:
 
     what = (f"decode step ({'coherent' if args.coherent else 'per-token'} routing), batch {args.decode}, context"
             if args.decode else "prefill")
-    print(f"{what} T={args.tokens}, {args.layers} layers of the Llama-3.1-8B shape, bf16, sparsity {args.sparsity}"
+    print(common.meta_line(common.meta(device)))
+    print(f"{what} T={args.tokens}, {args.layers} layers of the {args.shape} shape, {args.dtype}, "
+          f"sparsity {args.sparsity}"
           + (", glue fused (wide.fuse_glue)" if args.fuse_glue else ""))
     for name, (wall, groups, count, syncs) in results.items():
         gpu = sum(groups.values())
