@@ -31,7 +31,7 @@ class CoherentDecode:
     Args:
         refresh_every: Decode steps between selections (1: every step).
         memory: EMA decay of the per-group score (0, the default: no memory — measured best at refresh 1,
-            BENCHMARKS.md "Batch-coherent decode: quality cost").
+            benchmarks/results/2026-11-30c-cpu-coherent-quality/README.md).
         keep: ``"router"`` or ``"target"`` (see above).
         keep_scale: With ``keep="router"``, keep this multiple of the rows' mean count (rounded half up, at
             most every group): above 1 a step reads more weights and drops fewer of the groups its rows want.
