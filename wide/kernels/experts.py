@@ -11,9 +11,10 @@ grouped layout ``[pairs, ...]`` (group 0's tokens, then group 1's, ...), and
 3. a fixed-order combine ``out[t] = sum over g running t, in group order, of partial[slot(t, g)]`` in fp32:
    the same bits on every run (no atomics), `wide.kernels.triton.experts`' kernel or `combine_reference`.
 
-This module holds the layout (on the device, no host read except the pair count, see `expert_layout`), the
-grouped GEMMs (``torch._grouped_mm`` where it runs: CUDA bf16 on sm_90+; a loop over the groups elsewhere)
-and the path choice (`ffn_path`). It imports no Triton.
+This module holds the layout (`expert_layout`: on the device; the grouped GEMMs read their offsets there, so
+nothing is read on the host and the buffers hold ``M * G`` rows, of which the pairs are used), the grouped GEMMs
+(``torch._grouped_mm`` where it runs: CUDA bf16 on sm_90+; elsewhere a loop over the groups, which reads the
+counts on the host) and the path choice (`ffn_path`). It imports no Triton.
 """
 
 from __future__ import annotations
@@ -102,31 +103,36 @@ def grouped_mm_runs(x: torch.Tensor, *dims: int) -> tuple[bool, str]:
     return True, ""
 
 
-def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dtype: torch.dtype) -> torch.Tensor:
+def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dtype: torch.dtype,
+                 gather=None, swiglu=None) -> torch.Tensor:
     """Steps 1 and 2: the grouped gate/up GEMMs with SwiGLU, then the grouped down GEMM.
 
     Args:
         x2: ``[M, K]``; gate, up: ``[F, K]``; down: ``[N, F]``.
         layout: `expert_layout` of the mask.
-        gmm: ``"grouped"`` (``torch._grouped_mm``, one launch per projection) or ``"loop"`` (a GEMM per group;
-            needs ``layout.counts``).
+        gmm: ``"grouped"`` (``torch._grouped_mm``, one launch per projection, offsets read on the device) or
+            ``"loop"`` (a GEMM per group; needs ``layout.counts``).
         partial_dtype: dtype of the partial rows (x's dtype, or float32: then the loop computes down in fp32).
+        gather: ``(x2, layout) -> [R, K]`` the grouped rows of x (default ``index_select`` over all R rows; the
+            triton backend copies only the rows before ``ends[-1]``).
+        swiglu: ``(g, u, layout) -> h``, in place into ``g`` (default torch's silu and mul over all R rows).
 
     Returns:
-        partial: ``[R, N]``, row ``r`` = ``h[r] @ W_down[:, cols_g]^T`` for the group ``g`` holding row ``r``.
+        partial: ``[R, N]``, row ``r`` = ``h[r] @ W_down[:, cols_g]^T`` for the group ``g`` holding row ``r``
+        (rows past ``ends[-1]`` are never written).
     """
     F_, K = gate.shape
     N = down.shape[0]
     G = layout.slot.shape[1]
     width = F_ // G
-    xg = x2.index_select(0, layout.rows)  # [R, K]
     if gmm == "grouped":
         if partial_dtype != x2.dtype:
             raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+        xg = gather(x2, layout) if gather is not None else x2.index_select(0, layout.rows)  # [R, K]
         # strided views, no weight copies: [G, K, width] of gate/up, [G, width, N] of down's column groups
         h = torch._grouped_mm(xg, gate.view(G, width, K).transpose(1, 2), offs=layout.ends)
         u = torch._grouped_mm(xg, up.view(G, width, K).transpose(1, 2), offs=layout.ends)
-        h = F.silu(h, inplace=True).mul_(u)
+        h = swiglu(h, u, layout) if swiglu is not None else F.silu(h, inplace=True).mul_(u)
         return torch._grouped_mm(h, down.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
     if gmm != "loop":
         raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
@@ -137,7 +143,7 @@ def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dty
     for g, c in enumerate(layout.counts):
         if c:
             cols = slice(g * width, (g + 1) * width)
-            xs = xg[start:start + c]
+            xs = x2.index_select(0, layout.rows[start:start + c])
             h = F.silu(F.linear(xs, gate[cols])) * F.linear(xs, up[cols])
             w = down[:, cols]
             if partial_dtype != h.dtype:

@@ -1,8 +1,10 @@
 """The routed FFN as experts on the triton backend: the host function that picks the path
-(`wide.kernels.experts.ffn_path`) and the fixed-order combine kernel of the expert path.
+(`wide.kernels.experts.ffn_path`) and the expert path's small kernels around ``torch._grouped_mm``: the row
+gather, the grouped SwiGLU and the fixed-order combine.
 
-Paths: ``experts`` (wide groups, prefill: grouped GEMMs + `combine`), ``tiles`` (the per-tile swiglu +
-gemm_k host functions, as the routed MLP ran before), ``dense`` (every pair runs: plain cuBLAS).
+Paths: ``experts`` (wide groups, prefill: `gather_rows` -> grouped gate/up -> `swiglu_rows` -> grouped down ->
+`combine`), ``tiles`` (the per-tile swiglu + gemm_k host functions, as the routed MLP ran before), ``dense``
+(every pair runs: plain cuBLAS).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..experts import expert_gemms, expert_layout, ffn_dense, ffn_path, grouped_mm_runs
+from ..experts import ExpertLayout, expert_gemms, expert_layout, ffn_dense, ffn_path, grouped_mm_runs
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
 from .common import capturing, interpreting
@@ -61,6 +63,56 @@ def combine(partial: torch.Tensor, slot: torch.Tensor, out: torch.Tensor) -> tor
     return out
 
 
+@triton.jit
+def _gather_rows_kernel(x_ptr, rows_ptr, ends_ptr, out_ptr, K, G, sxm, som,
+                        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    live = r < tl.load(ends_ptr + G - 1)  # rows past the pairs are never read: no copy
+    t = tl.load(rows_ptr + r, mask=live, other=0)
+    m = live[:, None] & (k < K)[None, :]
+    v = tl.load(x_ptr + t.to(tl.int64)[:, None] * sxm + k[None, :], mask=m)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * som + k[None, :], v, mask=m)
+
+
+@triton.jit
+def _swiglu_rows_kernel(g_ptr, u_ptr, ends_ptr, W, G, sg, su, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    m = (r < tl.load(ends_ptr + G - 1))[:, None] & (c < W)[None, :]
+    gp = g_ptr + r.to(tl.int64)[:, None] * sg + c[None, :]
+    a = tl.load(gp, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(u_ptr + r.to(tl.int64)[:, None] * su + c[None, :], mask=m, other=0.0).to(tl.float32)
+    tl.store(gp, (a / (1.0 + tl.exp(-a)) * b).to(g_ptr.dtype.element_ty), mask=m)
+
+
+def _tiles(interp_r: int, interp_c: int, r: int, c: int) -> tuple[int, int]:
+    return (interp_r, interp_c) if interpreting() else (r, c)
+
+
+def gather_rows(x2: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """``[R, K]`` grouped rows of ``x2 [M, K]`` (``x2[layout.rows]``), copying only the pairs' rows (their count
+    read on the device: the buffer holds ``M * G`` rows under a layout built without host reads)."""
+    R, K = layout.rows.shape[0], x2.shape[1]
+    out = x2.new_empty(R, K)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    br, bk = _tiles(16, 32, 32, 512)
+    _gather_rows_kernel[(triton.cdiv(R, br), triton.cdiv(K, bk))](
+        x2, layout.rows, layout.ends, out, K, layout.ends.shape[0], x2.stride(0), out.stride(0),
+        BLOCK_R=br, BLOCK_K=bk, num_warps=4)
+    return out
+
+
+def swiglu_rows(g: torch.Tensor, u: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """``g <- silu(g) * u`` (fp32 math, one rounding) over the pairs' rows of the ``[R, W]`` grouped layout."""
+    R, W = g.shape
+    br, bw = _tiles(16, 32, 32, 256)
+    _swiglu_rows_kernel[(triton.cdiv(R, br), triton.cdiv(W, bw))](
+        g, u, layout.ends, W, layout.ends.shape[0], g.stride(0), u.stride(0), BLOCK_R=br, BLOCK_W=bw, num_warps=4)
+    return g
+
+
 def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: str | None = None,
                 gmm: str | None = None, partial_dtype: torch.dtype | None = None,
                 options: KernelOptions | None = None) -> torch.Tensor:
@@ -76,6 +128,10 @@ def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: st
         partial_dtype: the expert path's partial rows (default x's dtype; float32 takes the loop).
         options: the A/B switches (``None``: the current `kernel_options`; ``ffn_experts=False``: per-tile).
     """
+    if path not in (None, "experts", "tiles", "dense"):
+        raise ValueError(f"path: 'experts', 'tiles' or 'dense', got {path!r}")
+    if gmm not in (None, "grouped", "loop"):
+        raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
     K = x.shape[-1]
     F_, N, G = gate.shape[0], down.shape[0], mask.shape[-1]
     x2 = x.reshape(-1, K)
@@ -99,15 +155,14 @@ def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: st
     if path == "dense":
         ffn_dense(x2, gate, up, down, out2)
         return out
-    if path != "experts":
-        raise ValueError(f"path: 'experts', 'tiles' or 'dense', got {path!r}")
     partial_dtype = partial_dtype or x.dtype
     if gmm is None:
         gmm = "grouped" if partial_dtype == x.dtype and grouped_mm_runs(x, K, F_ // G, N)[0] else "loop"
-    layout = expert_layout(plan, read_counts=eager)
-    if layout.capacity == 0:  # no pair runs (an eager layout knows)
+    # the grouped GEMMs read their offsets on the device: no host read (M * G rows of buffer, the pairs' used)
+    layout = expert_layout(plan, read_counts=gmm == "loop")
+    if layout.capacity == 0:  # no pair runs (the loop's counts say so)
         return out.zero_()
-    partial = expert_gemms(x2, gate, up, down, layout, gmm, partial_dtype)
+    partial = expert_gemms(x2, gate, up, down, layout, gmm, partial_dtype, gather=gather_rows, swiglu=swiglu_rows)
     combine(partial, layout.slot, out2)
     return out
 
