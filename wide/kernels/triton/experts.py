@@ -9,10 +9,13 @@ Paths: ``experts`` (wide groups, prefill: `gather_rows` -> grouped gate/up -> `s
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import dispatch
 from ..experts import ExpertLayout, expert_gemms, expert_layout, ffn_dense, ffn_path, grouped_mm_runs
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
@@ -146,6 +149,7 @@ def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: st
         path = ffn_path(M, F_ // G, plan, eager, options.ffn_experts)
         if path == "experts" and not eager and gmm != "grouped" and not grouped_mm_runs(x, K, F_ // G, N)[0]:
             path = "tiles"  # the loop reads the counts on the host
+    dispatch._log_once(logging.INFO, "ffn_experts", "triton", f"{path} path, {G} groups of {F_ // G}")
     if path == "tiles":
         from . import gemm_k as k_host, gemm_mn as mn_host
 
