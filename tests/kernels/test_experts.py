@@ -189,6 +189,21 @@ def test_routed_model_with_wide_groups_gives_the_reference_tokens():
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
 
 
+def test_benchmark_smoke_writes_json(tmp_path):
+    """benchmarks/experts.py on tiny CPU shapes: every row timed, the JSON written."""
+    out = tmp_path / "experts.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "experts.py"), "--smoke", "--m", "8",
+                          "--width", "128", "--density", "0.5", "--json", str(out)],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1"), capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["ffn", "down", "gate_up"]
+    assert rows[0]["auto_path"] == "experts" and max(rows[0]["err"].values()) < 1e-4
+
+
 # ---- GPU: bf16, CUTLASS's grouped GEMM, the 8B shape ----------------------------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
