@@ -7,7 +7,8 @@ path, Llama-3.1-8B FFN shape (K = N = 4096, F = 14336), bf16, random per-token m
 
 Rows per (M, group width, density): the whole FFN (dense = cuBLAS gate, up, SiLU * up, down; ``tiles`` = the
 per-tile swiglu + gemm_k kernels; ``experts`` = row gather, grouped gate/up, grouped SwiGLU, grouped down,
-combine; ``auto`` = the op's own choice from a plan with the router's density hint), then the parts: down alone
+combine; ``auto`` = the op's own choice from a plan with the router's density hint, and from a plan without
+one, whose density the op reads: an all-true mask then runs plain cuBLAS), then the parts: down alone
 (dense cuBLAS on ``[M, F]`` vs the grouped down GEMM on the grouped ``h`` plus the combine, and the combine
 alone) and gate/up alone (dense vs gather + grouped GEMMs + SwiGLU). Plans are built outside the timed region
 (a layer builds one per forward); ``plan`` is the partition the per-tile path reads, ``layout`` the partition
@@ -70,20 +71,24 @@ def ffn_rows(M: int, width: int, density: float, seed: int = 0) -> list[dict]:
 
     ref = get_backend("torch").ffn_experts(x, gate, up, down, mask)
     p_tiles, p_exp, p_auto = plan(), plan(), plan()
+    p_measured = make_plan(mask).materialize(flat=True)  # no hint: the op reads the density (all-true: cuBLAS)
     run = {
         "dense": lambda: ffn_dense(x, gate, up, down),
         "tiles": lambda: triton_be.ffn_experts(x, gate, up, down, mask, plan=p_tiles, path="tiles"),
         "experts": lambda: triton_be.ffn_experts(x, gate, up, down, mask, plan=p_exp, path="experts"),
         "auto": lambda: ffn_experts(x, gate, up, down, mask, plan=p_auto),
+        "auto_measured": lambda: ffn_experts(x, gate, up, down, mask, plan=p_measured),
     }
     ms = {name: timed(fn) for name, fn in run.items()}
     err = {name: rel_err(fn(), ref) for name, fn in run.items() if name != "dense"}
     chosen = experts.ffn_path(M, width, p_auto, eager=True)
+    chosen_measured = experts.ffn_path(M, width, p_measured, eager=True)
     plan_ms = timed(lambda: make_plan(mask, density_hint=density).token_order(True))
     layout_ms = timed(lambda: expert_layout(plan(), read_counts=False))
     base = dict(M=M, width=width, groups=G, density=density)
     rows = [dict(base, part="ffn", dense_ms=ms["dense"], tiles_ms=ms["tiles"], experts_ms=ms["experts"],
-                 auto_ms=ms["auto"], auto_path=chosen, plan_ms=plan_ms, layout_ms=layout_ms,
+                 auto_ms=ms["auto"], auto_path=chosen, auto_measured_ms=ms["auto_measured"],
+                 auto_measured_path=chosen_measured, plan_ms=plan_ms, layout_ms=layout_ms,
                  dense_over_tiles=ms["dense"] / ms["tiles"], dense_over_experts=ms["dense"] / ms["experts"],
                  dense_over_experts_with_layout=ms["dense"] / (ms["experts"] + layout_ms),
                  dense_over_auto=ms["dense"] / ms["auto"], err=err)]
@@ -132,7 +137,9 @@ def fmt(r: dict) -> str:
     if r["part"] == "ffn":
         return (head + f"| {r['dense_ms']:7.3f} | {r['tiles_ms']:7.3f} ({r['dense_over_tiles']:.2f}x) "
                 f"| {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x, {r['dense_over_experts_with_layout']:.2f}x "
-                f"w/ layout {r['layout_ms']:.3f}) | {r['auto_path']} {r['auto_ms']:.3f} ({r['dense_over_auto']:.2f}x) "
+                f"w/ layout {r['layout_ms']:.3f}) | {r['auto_path']} {r['auto_ms']:.3f} ({r['dense_over_auto']:.2f}x); "
+                f"no hint: {r['auto_measured_path']} {r['auto_measured_ms']:.3f} "
+                f"({r['dense_ms'] / r['auto_measured_ms']:.2f}x) "
                 f"| max err {max(r['err'].values()):.1e} |")
     extra = f", combine {r['combine_ms']:.3f}" if "combine_ms" in r else ""
     return head + f"| {r['dense_ms']:7.3f} | | {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x{extra}) | | |"
