@@ -64,8 +64,9 @@ def expert_layout(plan: RoutingPlan, read_counts: bool) -> ExpertLayout:
     gather on the device. ``read_counts``: read the per-group counts on the host (the loop over the groups needs
     them; one synchronization), so the buffers hold exactly the pairs; ``False`` (the grouped GEMMs, which read
     their offsets on the device: no synchronization, CUDA-graph safe) sizes them for every pair, ``M * G`` rows,
-    of which the kernels touch only the pairs' (at the 8B shape and 16k tokens: x's grouped rows and the partial
-    rows take 1.9 GB each, the same as dense's ``[M, F]`` intermediates, h and u, 0.47 GB each).
+    of which the kernels touch only the pairs' (at the 8B shape, 14 groups and 16k tokens: x's grouped rows and
+    the partial rows reserve 1.9 GB each, four times dense's ``[M, F]`` intermediate; h and u 0.47 GB each, the
+    same as dense's).
     """
     key = f"experts{int(read_counts)}"
     cached = plan.memo(key)
