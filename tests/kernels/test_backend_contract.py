@@ -95,6 +95,18 @@ def _gemm_k_cases(dtype, gen):
                _cmp(dtype))
 
 
+def _ffn_experts_cases(dtype, gen):
+    K, F, N, ng = 40, 64, 24, 4  # K and N off the tiles; groups of 16
+    for lead, kind in itertools.product([(2, 19), (5,), (1,), (0,)], MASKS):
+        x = _randn(gen, *lead, K, dtype=dtype)
+        g, u, d = (_randn(gen, *s, dtype=dtype, scale=0.2) for s in ((F, K), (F, K), (N, F)))
+        mask = _mask((*lead, ng), kind, gen)
+        yield (f"{lead} {kind}", lambda be, x=x, g=g, u=u, d=d, m=mask: wk.ffn_experts(x, g, u, d, m, backend=be),
+               lambda x=x, g=g, u=u, d=d, m=mask: wk.ffn_experts(x.float(), g.float(), u.float(), d.float(), m,
+                                                                backend=REFERENCE),
+               _cmp(dtype))
+
+
 def _attention_prefill_cases(dtype, gen):
     B, HQ, HK, D, ng = 2, 4, 2, 16, 2
     shapes = [  # (T, S, causal, lengths, q_offset)
@@ -219,6 +231,7 @@ CASES = {
     "gemm_mn": _gemm_mn_cases,
     "swiglu": lambda dtype, gen: _gemm_mn_cases(dtype, gen, swiglu=True),
     "gemm_k": _gemm_k_cases,
+    "ffn_experts": _ffn_experts_cases,
     "attention_prefill": _attention_prefill_cases,
     "attention_decode": _attention_decode_cases,
     "router_margin": _router_margin_cases,

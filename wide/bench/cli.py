@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", choices=backend_choices())
     p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
                    help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
-                        "persistent_mn, skinny_swap, decode_fold), e.g. skinny_swap=0; repeatable")
+                        "persistent_mn, skinny_swap, decode_fold, ffn_experts), e.g. skinny_swap=0; repeatable")
     p.add_argument("--router", choices=["random", "lowrank"], default="random",
                    help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
                         "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "

@@ -7,6 +7,7 @@ Tensor conventions (all backends agree; mask True = execute):
 | gemm_mn | x ``[..., K]``, weight ``[N, K]`` | ``[..., N/G]`` | ``[..., N]``, exact zeros where masked |
 | swiglu | x ``[..., K]``, gate/up ``[N, K]`` | ``[..., N/G]`` | ``silu(x gate^T) * (x up^T)``, zeros where masked |
 | gemm_k | x ``[..., K]``, weight ``[N, K]`` | ``[..., K/G]`` | ``(x * mask expanded) @ weight^T`` |
+| ffn_experts | x ``[..., K]``, gate/up ``[F, K]``, down ``[N, F]`` | ``[..., F/G]`` | ``gemm_k(swiglu(...), down)`` |
 | attention_prefill | q ``[B, T, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, T, Hq/g]`` | ``[B, T, Hq, D]`` |
 | attention_decode | q ``[B, 1, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, 1, Hq/g]`` | ``[B, 1, Hq, D]`` |
 
@@ -123,6 +124,40 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
     call = dict(x=x, weight=weight, mask=mask, bias=bias, plan=plan, out=out)
     return dispatch.choose("gemm_k", backend, call, x.device).gemm_k(
         x, weight, mask, bias=bias, plan=plan, out=out, x_masked=x_masked)
+
+
+@torch.compiler.disable
+def ffn_experts(x, gate_weight, up_weight, down_weight, mask, *, plan: RoutingPlan | None = None,
+                backend: str = "auto", out=None):
+    """Routed SwiGLU FFN in one call: ``gemm_k(swiglu(x, gate, up, mask), down, mask)``.
+
+    Backends pick how: the ``triton`` backend runs wide groups (>= 512 channels) of a prefill-sized call as
+    experts (grouped GEMMs over each group's gathered tokens, then a fixed-order deterministic combine of the
+    per-(token, group) partial rows; see `wide.kernels.experts`), everything else as the per-tile swiglu +
+    gemm_k, and all-true masks as plain cuBLAS.
+
+    Args:
+        x: ``[..., K]``.
+        gate_weight, up_weight: ``[F, K]``.
+        down_weight: ``[N, F]``.
+        mask: ``[..., G]`` bool over the ``F / G``-channel groups (float on the torch backend).
+        plan, backend, out: as in `gemm_mn` (``out`` is ``[..., N]``).
+
+    Returns:
+        ``[..., N]``.
+    """
+    _leading(x, mask, "ffn_experts")
+    K = x.shape[-1]
+    if gate_weight.dim() != 2 or gate_weight.shape[1] != K or up_weight.shape != gate_weight.shape:
+        raise ValueError(f"ffn_experts: gate {tuple(gate_weight.shape)} and up {tuple(up_weight.shape)} must both "
+                         f"be [F, {K}]")
+    if down_weight.dim() != 2 or down_weight.shape[1] != gate_weight.shape[0]:
+        raise ValueError(f"ffn_experts: down {tuple(down_weight.shape)} must be [N, {gate_weight.shape[0]}]")
+    _divides(gate_weight.shape[0], mask.shape[-1], "ffn_experts")
+    call = dict(x=x, gate_weight=gate_weight, up_weight=up_weight, down_weight=down_weight, mask=mask, plan=plan,
+                out=out)
+    return dispatch.choose("ffn_experts", backend, call, x.device).ffn_experts(
+        x, gate_weight, up_weight, down_weight, mask, plan=plan, out=out)
 
 
 def _check_attention(q, k, v, mask, what: str) -> None:

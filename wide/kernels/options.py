@@ -28,6 +28,10 @@ class KernelOptions:
     """Decode attention with many (row, KV head) pairs combines its key splits in the last split program
     (``AttentionConfig.fold``); ``False`` keeps the second launch."""
 
+    ffn_experts: bool = True
+    """Prefill-sized routed FFNs with groups of >= 512 channels run as experts (grouped GEMMs + a fixed-order
+    combine, `wide.kernels.ffn_experts`); ``False`` gives them the per-tile swiglu + gemm_k path back."""
+
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
         base = KernelOptions()

@@ -87,6 +87,13 @@ class RoutingPlan:
             self._cache[key] = _partition(m)
         return self._cache[key]  # type: ignore[return-value]
 
+    def memo(self, key: str, value: object = None) -> object:
+        """A product another op family derives from this plan (`wide.kernels.experts`' grouped layout), cached
+        under ``key``: stores ``value`` when given, returns the cached one (``None`` before)."""
+        if value is not None:
+            self._cache[key] = value
+        return self._cache.get(key)
+
     def built(self, what: str) -> bool:
         """Whether the cached product ``what`` (``"groups"``: :meth:`group_list`) already exists."""
         return what in self._cache

@@ -11,7 +11,8 @@ execution. Per routed layer it:
   (plain causal attention over a complete cache; padded batches, sliding windows and soft-capping
   keep the reference path);
 - replaces the MLP by one that runs ``swiglu`` (gate and up under one mask, one pass over x) and
-  ``gemm_k`` for ``down_proj`` (SiLU-gated MLPs; others keep the reference path).
+  ``gemm_k`` for ``down_proj`` (SiLU-gated MLPs; others keep the reference path); groups of at least
+  `wide.kernels.experts.EXPERT_MIN_GROUP` channels go through ``ffn_experts`` instead (prefill: as experts).
 
 One routing plan per layer and kind is built once per forward and shared by the paired ops. K/V
 projections stay dense, so HF caches (dynamic or static) work unchanged. State-dict keys do not
@@ -127,8 +128,12 @@ class RoutedMLP(nn.Module):
         wl = self.wide_layer
         if self.fused and wl.use_kernels() and "ffn" in wl.group_mask:
             from wide import kernels
+            from wide.kernels import experts
 
             mask, plan = wl.kernel_mask("ffn")
+            if gate.weight.shape[0] // mask.shape[-1] >= experts.EXPERT_MIN_GROUP:
+                # wide groups: one op, whose backend may run them as experts (grouped GEMMs, fixed-order combine)
+                return kernels.ffn_experts(x, gate.weight, up.weight, down.weight, mask, plan=plan, backend=wl.backend)
             h = kernels.swiglu(x, gate.weight, up.weight, mask, plan=plan, backend=wl.backend)
             # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again
             return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend, x_masked=True)

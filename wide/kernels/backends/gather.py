@@ -109,6 +109,31 @@ class GatherBackend(KernelBackend):
         out.copy_(res)
         return out
 
+    def verify_ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, **_):
+        return _verify_common(mask, x, gate_weight, up_weight, down_weight)
+
+    def ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, *, plan=None, out=None):
+        """Per group: its tokens' rows of x -> SwiGLU -> their partial down rows, added in group order (fp32)."""
+        K, N = x.shape[-1], down_weight.shape[0]
+        width = gate_weight.shape[0] // mask.shape[-1]
+        x2 = x.reshape(-1, K)
+        plan = plan if plan is not None else RoutingPlan(mask)
+        perm, counts = plan.token_order(flat=True)
+        acc = torch.zeros(x2.shape[0], N, device=x.device, dtype=torch.float32)
+        for g, c in enumerate(counts.view(-1).tolist()):  # groups in order: a deterministic sum
+            if c == 0:
+                continue
+            idx = perm[0, g, :c].long()
+            cols = slice(g * width, (g + 1) * width)
+            xs = x2.index_select(0, idx)
+            h = F.silu(F.linear(xs, gate_weight[cols])) * F.linear(xs, up_weight[cols])
+            acc.index_add_(0, idx, F.linear(h, down_weight[:, cols]).float())
+        res = acc.to(x.dtype).view(*x.shape[:-1], N)
+        if out is None:
+            return res
+        out.copy_(res)
+        return out
+
     # ---- attention ----------------------------------------------------------------------------
 
     def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,

@@ -89,6 +89,9 @@ class TorchBackend(KernelBackend):
         y = F.linear(apply_mask(x, expand_groups(mask, group)), weight, bias)
         return _into(out, y)
 
+    def ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, *, plan=None, out=None):
+        return _into(out, self.gemm_k(self.swiglu(x, gate_weight, up_weight, mask), down_weight, mask))
+
     def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,
                           out=None):
         B, T, HQ, D = q.shape

@@ -119,6 +119,14 @@ class TritonBackend(KernelBackend):
             ok, why = _out_ok(out, (*x.shape[:-1], weight.shape[0]), x.dtype)
         return ok, why
 
+    def verify_ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, out=None, **_):
+        ok, why = _common(mask, x, gate_weight, up_weight, down_weight)
+        if ok:  # the per-tile path's tiles (the expert path takes any width)
+            ok, why = _gemm_group_ok(gate_weight.shape[0], mask.shape[-1], "FFN")
+        if ok:
+            ok, why = _out_ok(out, (*x.shape[:-1], down_weight.shape[0]), x.dtype)
+        return ok, why
+
     def _verify_attention(self, q, k, v, mask, lengths, out) -> tuple[bool, str]:
         ok, why = _common(mask, q, k, v)
         if not ok:
@@ -205,6 +213,12 @@ class TritonBackend(KernelBackend):
         from ..triton import gemm_k as host
 
         return host.gemm_k(x, weight, mask, bias, plan, out, x_masked, config)
+
+    def ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, *, plan=None, out=None, path=None, gmm=None,
+                    partial_dtype=None):
+        from ..triton import experts as host
+
+        return host.ffn_experts(x, gate_weight, up_weight, down_weight, mask, plan, out, path, gmm, partial_dtype)
 
     def attention_prefill(self, q, k, v, mask, *, causal=True, scale=None, lengths=None, q_offset=None, plan=None,
                           out=None, config=None):

@@ -1,0 +1,198 @@
+"""The routed FFN run as experts (`ffn_experts`): wide FFN groups as the experts of an MoE layer.
+
+With narrow groups (128 channels) and per-token masks, every (128-token tile, group) block of ``down_proj``'s
+reduction is needed by some token, so the per-tile path cannot skip any of it (prefill at 50% tops out near
+1.44x end to end). Wide groups (>= `EXPERT_MIN_GROUP` channels: an 8B FFN of 14336 has 14 groups of 1024) are
+instead run the way MoE layers run: each group's tokens (the routing plan's partition) are gathered into one
+grouped layout ``[pairs, ...]`` (group 0's tokens, then group 1's, ...), and
+
+1. ``gate`` / ``up``: grouped GEMMs ``x[tokens_g] @ W[rows_g]^T`` -> ``h [pairs, group]`` with SwiGLU on top;
+2. ``down``: a grouped GEMM ``h_g @ W_down[:, cols_g]^T`` -> per-(token, group) partial rows ``[pairs, N]``;
+3. a fixed-order combine ``out[t] = sum over g running t, in group order, of partial[slot(t, g)]`` in fp32:
+   the same bits on every run (no atomics), `wide.kernels.triton.experts`' kernel or `combine_reference`.
+
+This module holds the layout (`expert_layout`: on the device; the grouped GEMMs read their offsets there, so
+nothing is read on the host and the buffers hold ``M * G`` rows, of which the pairs are used), the grouped GEMMs
+(``torch._grouped_mm`` where it runs: CUDA bf16 on sm_90+; elsewhere a loop over the groups, which reads the
+counts on the host) and the path choice (`ffn_path`). It imports no Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from .plan import RoutingPlan
+
+# groups at least this wide run as experts (prefill); narrower ones keep the per-tile swiglu + gemm_k path
+EXPERT_MIN_GROUP = 512
+# prefill-sized calls only: below this M the per-group GEMMs get skinny and the per-tile / decode kernels fit.
+# Measured at M=4096 (H200, outside the project: grouped down 1.36/1.59/1.93x and gate+up 1.76/1.83/2.21x
+# faster than dense at groups of 512/1024/2048, 50%); 2048 is a guess between that and decode, to be swept
+# (benchmarks/kernels.py --ops ffn_experts)
+EXPERT_MIN_M = 2048
+# the grouped GEMMs' work scales with the density: from ~1.6x at 50% they break even near 0.8 before the
+# gather and the combine; above this density the per-tile path (whose gemm_k is premask + cuBLAS) runs
+EXPERT_MAX_DENSITY = 0.7
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertLayout:
+    """The grouped layout of one routing mask (all int32 on the mask's device).
+
+    Attributes:
+        ends: ``[G]`` cumulative row ends of the groups (``torch._grouped_mm``'s ``offs``).
+        rows: ``[R]`` the token of each grouped row; rows past ``ends[-1]`` point at token 0 (never read back).
+        slot: ``[M, G]`` the grouped row of (token, group), ``-1`` where the token skips the group.
+        capacity: ``R``: the pair count when it was read (eager), else ``M * G`` (under CUDA-graph capture).
+        counts: the per-group counts on the host when they were read (eager), else ``None``.
+    """
+
+    ends: torch.Tensor
+    rows: torch.Tensor
+    slot: torch.Tensor
+    capacity: int
+    counts: tuple[int, ...] | None
+
+
+def expert_layout(plan: RoutingPlan, read_counts: bool) -> ExpertLayout:
+    """The grouped layout of ``plan``'s mask (flattened to ``[M, G]``), cached on the plan.
+
+    Built from the plan's per-group partition (active tokens ascending) with two cumsums, a searchsorted and a
+    gather on the device. ``read_counts``: read the per-group counts on the host (the loop over the groups needs
+    them; one synchronization), so the buffers hold exactly the pairs; ``False`` (the grouped GEMMs, which read
+    their offsets on the device: no synchronization, CUDA-graph safe) sizes them for every pair, ``M * G`` rows,
+    of which the kernels touch only the pairs' (at the 8B shape, 14 groups and 16k tokens: x's grouped rows and
+    the partial rows reserve 1.9 GB each, four times dense's ``[M, F]`` intermediate; h and u 0.47 GB each, the
+    same as dense's).
+    """
+    key = f"experts{int(read_counts)}"
+    cached = plan.memo(key)
+    if cached is not None:
+        return cached
+    mask = plan.mask.reshape(-1, plan.n_groups)
+    M, G = mask.shape
+    perm, counts = plan.token_order(flat=True)  # [1, G, M], [1, G]
+    counts = counts.view(G)
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    starts = ends - counts
+    host = tuple(counts.tolist()) if read_counts else None
+    capacity = sum(host) if host is not None else M * G
+    r = torch.arange(capacity, device=mask.device, dtype=torch.int32)
+    g = torch.searchsorted(ends, r, right=True).clamp_max_(max(G - 1, 0))
+    i = (r - starts[g]).clamp_(0, max(M - 1, 0))
+    rows = perm[0][g.long(), i.long()] if M else r
+    # a token's rank among its group's tokens: the partition keeps them ascending
+    rank = torch.cumsum(mask.to(torch.int32), 0, dtype=torch.int32) - 1
+    slot = torch.where(mask, starts + rank, torch.full_like(rank, -1))
+    layout = ExpertLayout(ends, rows.to(torch.int32), slot, capacity, host)
+    plan.memo(key, layout)
+    return layout
+
+
+def grouped_mm_runs(x: torch.Tensor, *dims: int) -> tuple[bool, str]:
+    """Whether ``torch._grouped_mm`` runs these operands (CUTLASS on CUDA sm_90+, bf16, 16-byte aligned rows)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False, f"torch {torch.__version__} has no _grouped_mm"
+    if not x.is_cuda:
+        return False, "not on CUDA"
+    if x.dtype != torch.bfloat16:
+        return False, f"{x.dtype} (the CUTLASS grouped GEMM takes bf16)"
+    if torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False, "needs sm_90 or newer"
+    if any(d % 8 for d in dims):
+        return False, f"sizes {dims} are not multiples of 8 (16-byte rows)"
+    return True, ""
+
+
+def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dtype: torch.dtype,
+                 gather=None, swiglu=None) -> torch.Tensor:
+    """Steps 1 and 2: the grouped gate/up GEMMs with SwiGLU, then the grouped down GEMM.
+
+    Args:
+        x2: ``[M, K]``; gate, up: ``[F, K]``; down: ``[N, F]``.
+        layout: `expert_layout` of the mask.
+        gmm: ``"grouped"`` (``torch._grouped_mm``, one launch per projection, offsets read on the device) or
+            ``"loop"`` (a GEMM per group; needs ``layout.counts``).
+        partial_dtype: dtype of the partial rows (x's dtype, or float32: then the loop computes down in fp32).
+        gather: ``(x2, layout) -> [R, K]`` the grouped rows of x (default ``index_select`` over all R rows; the
+            triton backend copies only the rows before ``ends[-1]``).
+        swiglu: ``(g, u, layout) -> h``, in place into ``g`` (default torch's silu and mul over all R rows).
+
+    Returns:
+        partial: ``[R, N]``, row ``r`` = ``h[r] @ W_down[:, cols_g]^T`` for the group ``g`` holding row ``r``
+        (rows past ``ends[-1]`` are never written).
+    """
+    F_, K = gate.shape
+    N = down.shape[0]
+    G = layout.slot.shape[1]
+    width = F_ // G
+    if gmm == "grouped":
+        if partial_dtype != x2.dtype:
+            raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+        xg = gather(x2, layout) if gather is not None else x2.index_select(0, layout.rows)  # [R, K]
+        # strided views, no weight copies: [G, K, width] of gate/up, [G, width, N] of down's column groups
+        h = torch._grouped_mm(xg, gate.view(G, width, K).transpose(1, 2), offs=layout.ends)
+        u = torch._grouped_mm(xg, up.view(G, width, K).transpose(1, 2), offs=layout.ends)
+        h = swiglu(h, u, layout) if swiglu is not None else F.silu(h, inplace=True).mul_(u)
+        return torch._grouped_mm(h, down.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
+    if gmm != "loop":
+        raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
+    if layout.counts is None:
+        raise ValueError("gmm='loop' needs the per-group counts on the host (an eager layout)")
+    partial = torch.empty(layout.capacity, N, device=x2.device, dtype=partial_dtype)
+    start = 0
+    for g, c in enumerate(layout.counts):
+        if c:
+            cols = slice(g * width, (g + 1) * width)
+            xs = x2.index_select(0, layout.rows[start:start + c])
+            h = F.silu(F.linear(xs, gate[cols])) * F.linear(xs, up[cols])
+            w = down[:, cols]
+            if partial_dtype != h.dtype:
+                h, w = h.to(partial_dtype), w.to(partial_dtype)
+            partial[start:start + c] = F.linear(h, w)
+        start += c
+    return partial
+
+
+def combine_reference(partial: torch.Tensor, slot: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Step 3 in torch (the Triton kernel's twin): ``out[t] = sum_g partial[slot[t, g]]`` over the groups ``t``
+    runs, in group order, in fp32. ``partial [R, N]``, ``slot [M, G]`` -> ``[M, N]``."""
+    M, G = slot.shape
+    acc = torch.zeros(M, partial.shape[1], device=partial.device, dtype=torch.float32)
+    for g in range(G):
+        s = slot[:, g]
+        rows = partial.index_select(0, s.clamp_min(0)).float() if partial.shape[0] else acc
+        acc += torch.where((s >= 0)[:, None], rows, 0.0)
+    return acc.to(out_dtype)
+
+
+def ffn_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool = True) -> str:
+    """How a routed FFN call runs: ``"experts"``, ``"tiles"`` (swiglu + gemm_k, the per-tile kernels) or
+    ``"dense"`` (cuBLAS, every pair known to run).
+
+    Args:
+        M: tokens of the call; width: channels per group.
+        plan: the mask's plan: its density hint, or its measured density (one host read, only when ``eager``).
+        eager: host reads allowed (not under CUDA-graph capture).
+        enabled: the `KernelOptions.ffn_experts` switch (``False``: the per-tile path, as before).
+    """
+    if not enabled or width < EXPERT_MIN_GROUP or M < EXPERT_MIN_M:
+        return "tiles"
+    if plan.density_hint is not None:
+        return "experts" if plan.density_hint <= EXPERT_MAX_DENSITY else "tiles"
+    if not eager:
+        return "tiles"  # the density would take a host read
+    density = plan.density()
+    if density == 1.0:
+        return "dense"
+    return "experts" if density <= EXPERT_MAX_DENSITY else "tiles"
+
+
+def ffn_dense(x2, gate, up, down, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Every (token, group) pair runs: the plain cuBLAS FFN ``silu(x gate^T) * (x up^T) @ down^T`` (into
+    ``out [M, N]`` when given)."""
+    h = F.silu(F.linear(x2, gate), inplace=True).mul_(F.linear(x2, up))
+    return torch.mm(h, down.t(), out=out) if out is not None else F.linear(h, down)
