@@ -19,16 +19,19 @@ op must not be slower than dense there. Times: medians of ``triton.testing.do_be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
+from pathlib import Path
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 
 from wide.kernels import experts, ffn_experts, get_backend, make_plan  # noqa: E402
 from wide.kernels.experts import expert_layout, ffn_dense  # noqa: E402
@@ -145,7 +148,7 @@ def fmt(r: dict) -> str:
     return head + f"| {r['dense_ms']:7.3f} | | {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x{extra}) | | |"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, nargs="+", default=[8, 40] if SMOKE else [4096, 16384])
     ap.add_argument("--width", type=int, nargs="+", default=[64, 128] if SMOKE else [512, 1024, 2048])
@@ -153,7 +156,7 @@ def main() -> None:
                     help="executed share of (token, group) pairs (1.0: the 0%%-sparsity row)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run (Triton interpreter, tiny shapes)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for w in args.width:
         if F % w or w % 16:
             raise SystemExit(f"--width: {w} must divide the FFN width {F} and be a multiple of 16")
@@ -180,10 +183,8 @@ def main() -> None:
     dev = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     print(f"\n{dev}, torch {torch.__version__}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"device": dev, "torch": torch.__version__, "shape": dict(K=K, F=F, N=N), "rows": rows}, f,
-                      indent=1)
+        common.write_json(args.json, {"device": dev, "shape": dict(K=K, F=F, N=N), "rows": rows},
+                          common.meta(DEV))
 
 
 if __name__ == "__main__":
