@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import wide
 import wide.assets
@@ -126,6 +125,22 @@ def test_every_subcommand_answers_help(capsys):
         assert "usage" in capsys.readouterr().out.lower(), sub
 
 
+def test_doc_commands_use_real_flags(capsys):
+    """The `wide` commands of the README and docs/ name subcommands and flags their `--help` lists (docs/ commands
+    are not run here: most need a GPU or a trained checkpoint)."""
+    pages = [README] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
+    cmds = [c[1:] for page in pages for b in blocks("bash", page) for c in commands(b) if c[0] == "wide"]
+    assert len(cmds) > len(wide_commands())
+    helps: dict[str, str] = {}
+    for argv in cmds:
+        if argv[0] not in helps:
+            with pytest.raises(SystemExit):
+                main([argv[0], "--help"])
+            helps[argv[0]] = capsys.readouterr().out
+        for flag in (a.split("=")[0] for a in argv[1:] if a.startswith("--")):
+            assert flag in helps[argv[0]], f"wide {argv[0]}: {flag} is not in its --help"
+
+
 def test_quick_start_test_command_names_registered_markers():
     pytest_cmd = next(c for b in blocks("bash") for c in commands(b) if c[:3] == ["python", "-m", "pytest"])
     expr = pytest_cmd[pytest_cmd.index("-m", 3) + 1]  # after `python -m pytest`
@@ -190,5 +205,4 @@ def test_python_snippet_runs_on_the_default_model(capsys):
     """As written: fetches SmolLM2-135M-Instruct into the asset cache on first use."""
     exec(compile(blocks("python")[0], "README.md", "exec"), {})
     rate = float(capsys.readouterr().out.split()[0])
-    assert 0.0 <= rate <= 1.0
-    assert torch.get_default_dtype() == torch.float32
+    assert 0.3 < rate < 0.7, "untrained low-rank routers at target 0.5 skip about half"
