@@ -192,12 +192,14 @@ def test_router_plugin_trains(workdir, monkeypatch):
         monkeypatch.delitem(sys.modules, name, raising=False)
     cmd = next(commands(line.split(":", 1)[1])[0] for line in yaml.splitlines() if line.startswith("# my_router.yaml:"))
     assert cmd[0] == "wide"
-    run_wide(cmd[1:])
-    cfg = read_metadata(workdir / "runs/smollm2-135m/calibrate/routers.safetensors")["wide_config"]
-    assert cfg.router.func.__qualname__ == "MyRouter" and cfg.router.keywords == {"hidden": 128}
-    assert "mine" in wide.ROUTERS
-    for name in ("mypkg", "mypkg.routers"):
-        sys.modules.pop(name, None)
+    try:
+        run_wide(cmd[1:])
+        assert "mine" in wide.ROUTERS
+        cfg = read_metadata(workdir / "runs/smollm2-135m/calibrate/routers.safetensors")["wide_config"]
+        assert cfg.router.func.__qualname__ == "MyRouter" and cfg.router.keywords == {"hidden": 128}
+    finally:
+        for name in ("mypkg", "mypkg.routers"):  # imported by the CLI from the temporary folder
+            sys.modules.pop(name, None)
 
 
 @pytest.mark.slow
