@@ -139,6 +139,9 @@ def test_path_choice(monkeypatch):
     monkeypatch.setattr(host, "combine", lambda *a: seen.append(a) or a[2])
     x, gate, up, down, mask = _problem(64, 32, 2, torch.float32)
     _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
+    assert len(seen) == 0  # off by default (KernelOptions.ffn_experts)
+    with use_kernel_options(ffn_experts=True):
+        _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
     assert len(seen) == 1
     with use_kernel_options(ffn_experts=False):
         _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
@@ -167,6 +170,7 @@ def test_routed_model_with_wide_groups_gives_the_reference_tokens():
         from tests.conftest import tiny_model
         from wide.kernels import experts
         from wide.kernels.triton import experts as host
+        from wide.kernels.options import use_kernel_options
         from wide.modeling.inference import enable_kernels, set_kernels
         experts.EXPERT_MIN_GROUP, experts.EXPERT_MIN_M = 64, 1
         calls, combine = [], host.combine
@@ -176,7 +180,8 @@ def test_routed_model_with_wide_groups_gives_the_reference_tokens():
         ids = torch.randint(3, 96, (2, 9))
         am = torch.ones_like(ids)
         enable_kernels(m, "triton")
-        a = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
+        with use_kernel_options(ffn_experts=True):  # off by default
+            a = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
         assert calls, "the expert path never ran"
         set_kernels(m, False)
         b = m.generate(ids, attention_mask=am, max_new_tokens=4, do_sample=False)
@@ -227,6 +232,7 @@ def test_bf16_expert_path_on_gpu(width, M, kind, gmm):
 
 @pytest.mark.gpu
 @needs_cuda
+@use_kernel_options(ffn_experts=True)
 def test_bf16_auto_path_and_graph_capture_on_gpu():
     """The op's own choice at the 8B shape (hinted plan: experts with no host read), inside a CUDA graph too."""
     x, gate, up, down, mask = _problem(4096, 1024, 14, torch.bfloat16, seed=5, K=4096, N=4096, device="cuda")
