@@ -2,6 +2,7 @@
 
 from wide.routers.base import Router, RouterSpec, rms_normalize
 from wide.routers.registry import ROUTERS, register_router
+from wide.routers.batched_topk import BatchedTopKRouter
 from wide.routers.linear import LinearRouter
 from wide.routers.lowrank import LowRankRouter
 from wide.routers.mlp import MLPRouter
@@ -11,6 +12,7 @@ from wide.routers.topk import TopKRouter
 
 __all__ = [
     "ROUTERS",
+    "BatchedTopKRouter",
     "LinearRouter",
     "LowRankRouter",
     "MLPRouter",
