@@ -7,6 +7,7 @@ from wide.routers.linear import LinearRouter
 from wide.routers.lowrank import LowRankRouter
 from wide.routers.mlp import MLPRouter
 from wide.routers.random import RandomRouter
+from wide.routers.rep_lie import RepLieRouter
 from wide.routers.static import StaticRouter
 from wide.routers.topk import TopKRouter
 
@@ -17,6 +18,7 @@ __all__ = [
     "LowRankRouter",
     "MLPRouter",
     "RandomRouter",
+    "RepLieRouter",
     "Router",
     "RouterSpec",
     "StaticRouter",
