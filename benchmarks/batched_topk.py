@@ -181,7 +181,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prefix", type=int, default=64)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32",
+                    choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     if any(args.seqs % b for b in args.batches):
@@ -246,8 +247,8 @@ def main(argv=None) -> None:
     print(f"\n{args.model if not args.tiny else 'tiny random Llama'}, {len(held)} held-out sequences, prefix "
           f"{args.prefix}, {args.steps} decode steps; top-k rate {target:.3f} (target {args.sparsity}); "
           f"{time.time() - t0:.0f} s\n")
-    print("| routing | batch | skipped by the step (kinds) | by weight | skipped per row | decode ppl | greedy agreement "
-          "| common prefix |\n|---|---|---|---|---|---|---|---|")
+    print("| routing | batch | skipped by the step (kinds) | by weight | skipped per row | decode ppl "
+          "| greedy agreement | common prefix |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = (f"{r['agreement']:.3f} | {r['common_prefix']:.1f}" if "agreement" in r else "– | –")
         print(f"| {r['routing']} | {r['batch']} | {r['read_skip']:.3f} | {r['read_skip_by_weight']:.3f} | "
