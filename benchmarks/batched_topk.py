@@ -173,7 +173,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ffn-group-size", type=int, default=64)
     ap.add_argument("--period", type=int, default=8, help="batched_topk: decode steps between selections")
     ap.add_argument("--memory", type=float, default=0.5, help="batched_topk: memory decay per period")
-    ap.add_argument("--prefill", default="shared", choices=["shared", "token"], help="batched_topk prefill mode")
+    ap.add_argument("--prefill", default="shared", choices=["shared", "token"],
+                    help="prefill mode of the threshold rows (batched top-k runs both)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--quality-batches", type=int, nargs="+", default=[4, 16], help="batches with greedy agreement")
     ap.add_argument("--seqs", type=int, default=16, help="held-out sequences (a multiple of every batch)")
@@ -199,8 +200,8 @@ def main(argv=None) -> None:
         wide.apply_wide(per_token, read_metadata(args.checkpoint)["wide_config"]).eval()
         load_trained(per_token, args.checkpoint, strict=False, prefixes=(".wide.routers.",))
         label = "trained"
-    batched = build(base, cfg, functools.partial(BatchedTopKRouter, period=args.period, memory=args.memory,
-                                                 prefill=args.prefill))
+    batched = {mode: build(base, cfg, functools.partial(BatchedTopKRouter, period=args.period, memory=args.memory,
+                                                        prefill=mode)) for mode in ("shared", "token")}
     thresh = build(base, cfg, functools.partial(ThresholdRouter, prefill=args.prefill))
     # the threshold: per router, the quantile of batch-1 decode-step importance at which its rate is top-k's
     for i in range(len(calib)):
@@ -208,7 +209,7 @@ def main(argv=None) -> None:
     for r in routers(thresh, ThresholdRouter):
         seen = torch.cat(r.seen).float()
         r.tau = float(torch.quantile(seen.flatten(), 1.0 - r.keep / r.num_groups))
-    target = sum(r.expected_sparsity() for r in routers(batched)) / len(routers(batched))
+    target = sum(r.expected_sparsity() for r in routers(batched["shared"])) / len(routers(batched["shared"]))
 
     def per_token_mode(model, on):
         for r in routers(model, ThresholdRouter):
@@ -218,7 +219,9 @@ def main(argv=None) -> None:
         ("dense", per_token, lambda m: wide.set_coherent_decode(m, None), True),
         (f"per-token ({label})", per_token, lambda m: wide.set_coherent_decode(m, None), False),
         (f"coherent ({label})", per_token, lambda m: wide.set_coherent_decode(m, 1), False),
-        (f"batched top-k (period {args.period}, memory {args.memory:g})", batched, lambda m: None, False),
+        (f"batched top-k (period {args.period}, memory {args.memory:g})", batched["shared"], lambda m: None, False),
+        (f"batched top-k (period {args.period}, memory {args.memory:g}, prefill per token)", batched["token"],
+         lambda m: None, False),
         ("threshold (batch mean)", thresh, lambda m: per_token_mode(m, False), False),
         ("threshold (per token)", thresh, lambda m: per_token_mode(m, True), False),
     ]
@@ -240,7 +243,7 @@ def main(argv=None) -> None:
                 pred = dense_greedy[b] if dense else greedy(model, held, b, args.prefix, args.steps)
                 row["agreement"], row["common_prefix"] = agreement(pred, dense_greedy[b])
             rows.append(row)
-            print(f"  {name:<44} b{b:<3} ppl {row['ppl']:9.2f}  read-skip {rates[0]:.3f} / {rates[1]:.3f} by weight"
+            print(f"  {name:<64} b{b:<3} ppl {row['ppl']:9.2f}  read-skip {rates[0]:.3f} / {rates[1]:.3f} by weight"
                   f"  row-skip {rates[2]:.3f}" + (f"  agree {row['agreement']:.3f}" if "agreement" in row else ""),
                   flush=True)
         wide.set_coherent_decode(per_token, None)

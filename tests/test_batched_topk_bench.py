@@ -15,7 +15,7 @@ def test_tiny_run_keeps_batched_topk_at_its_rate(tmp_path):
     bench.main(["--tiny", "--device", "cpu", "--dtype", "fp32", "--seqs", "4", "--calib-seqs", "2", "--prefix", "8",
                 "--steps", "3", "--batches", "1", "4", "--quality-batches", "4", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 * 6
+    assert len(rows) == 2 * 7
     for row in rows:
         if row["routing"].startswith("batched top-k"):
             assert row["read_skip"] == row["target"] == 0.5 and row["row_skip"] == 0.5
