@@ -73,8 +73,15 @@ def _residuals(model):
     return seen, hooks
 
 
-@pytest.mark.parametrize("router", ["lowrank", "linear", "mlp", "static"])
-@pytest.mark.parametrize("policy", POLICIES.names())
+def _eval_combos():
+    for router in ("lowrank", "linear", "mlp", "static", "rep_lie", "batched_topk"):
+        for policy in POLICIES.names():
+            if router == "batched_topk" and policy == "layer":
+                continue  # weight-based group scores only: rejected with a clear error (tests/routers)
+            yield pytest.param(policy, router, id=f"{policy}-{router}")
+
+
+@pytest.mark.parametrize(("policy", "router"), list(_eval_combos()))
 @pytest.mark.parametrize("kernels", [None, "torch"], ids=["reference", "kernels-torch"])
 def test_eval_decision_is_the_argmax_of_the_routers_logits(policy, router, kernels):
     model = _routed(policy, router=router).eval()
