@@ -19,17 +19,20 @@ What the method claims, measured on teacher-forced decoding of held-out text (a 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
-import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import wide
 from wide.bench.quality import decode_nll
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402
 from wide.routers import BatchedTopKRouter
 
 
@@ -164,7 +167,8 @@ def build(base, cfg, router):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = common.parser(__doc__, device="cuda", dtype="bf16", outputs=False)  # --device cpu --dtype fp32: CPU runs
+    ap.add_argument("--json", default=None, help="also write the rows, with date / GPU / commit / command, here")
     ap.add_argument("--model", default="smollm2-135m", help="asset, folder or hub name (with a tokenizer)")
     ap.add_argument("--tiny", action="store_true", help="a random tiny Llama and random tokens (CPU smoke run)")
     ap.add_argument("--checkpoint", default=None, help="trained routers for the per-token / coherent rows")
@@ -181,11 +185,8 @@ def main(argv=None) -> None:
     ap.add_argument("--calib-seqs", type=int, default=8, help="training-split sequences calibrating the threshold")
     ap.add_argument("--prefix", type=int, default=64)
     ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bf16" if torch.cuda.is_available() else "fp32",
-                    choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
+    common.setup(args)
     if any(args.seqs % b for b in args.batches):
         raise SystemExit(f"--seqs: {args.seqs} must be a multiple of every --batches entry {args.batches}")
     t0 = time.time()
@@ -257,8 +258,7 @@ def main(argv=None) -> None:
         print(f"| {r['routing']} | {r['batch']} | {r['read_skip']:.3f} | {r['read_skip_by_weight']:.3f} | "
               f"{r['row_skip']:.3f} | {r['ppl']:.2f} | {q} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), rows=rows), f, indent=2)
+        common.write_json(args.json, dict(args=vars(args), rows=rows), common.meta(args.device))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def _load(name: str):
 def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
-        "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "fsdp_check", "gemv_sweep",
+        "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "fsdp_check", "gemv_sweep",
         "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep", "profile_decode", "profile_host",
         "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
