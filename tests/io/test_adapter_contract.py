@@ -103,3 +103,28 @@ def test_bad_adapter_fields_are_named_before_any_load(tiny_model_dir, field, kwa
 
     with pytest.raises(ValueError, match=f"^{message}"):
         LoRARecovery(model="/nonexistent", routing=wide.WideConfig(attn_group_size=2, ffn_group_size=32), **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_backbone_trains_and_merges_on_cuda(name):
+    """Stage 2 on a GPU: bf16 backbone, fp32 adapter tensors (SHiRA adds its fp32 sparse delta into a bf16 copy
+    of the weight), a backward that reaches every adapter tensor, and a merge that keeps the bf16 forward."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model, settings = adapted(tiny_model("llama").to(torch.bfloat16), name)
+    for n, p in model.named_parameters():
+        if is_adapter_name(n):
+            p.data = p.data.float()
+        p.requires_grad_(is_adapter_name(n))
+    model.cuda().train()
+    ids = torch.randint(3, 90, (2, 16), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+    grads = [p.grad for n, p in model.named_parameters() if is_adapter_name(n)]
+    assert grads and all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+    model.eval()
+    ref = _logits(model, ids).float()
+    merge_adapters(model)
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(_logits(model, ids).float(), ref, atol=0.1, rtol=0.05)
