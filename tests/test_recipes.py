@@ -67,7 +67,7 @@ def test_recipes_exist():
     for expected in ["smollm2-135m/calibrate.yaml", "smollm2-135m/lora.yaml", "qwen2.5-1.5b/calibrate.yaml",
                      "qwen2.5-1.5b/lora.yaml", "llama-3.1-8b/calibrate.yaml", "llama-3.1-8b/lora.yaml",
                      "qwen3-8b/calibrate.yaml", "smollm2-135m/calibrate_distill.yaml", "smollm2-135m/lora_distill.yaml",
-                     "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml"]:
+                     "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml", "smollm2-135m/super.yaml"]:
         assert expected in names
 
 
