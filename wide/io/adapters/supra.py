@@ -22,7 +22,8 @@ from wide.io.adapters.super import Super
 
 @register_adapter("supra")
 class Supra(Super):
-    """LoRA rank ``lora_r`` (alpha ``alpha * lora_r / r``) + SHiRA rank ``sparse_r`` on ``targets``, support by ``score``."""
+    """LoRA rank ``lora_r`` (alpha ``alpha * lora_r / r``) + SHiRA rank ``sparse_r`` on ``targets``, support by
+    ``score``."""
 
     marker = ""
     markers = ("shira_", "lora_")
