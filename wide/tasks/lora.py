@@ -8,7 +8,8 @@ from typing import Any, Optional
 from torch import nn
 
 from wide.config import WideConfig
-from wide.io.adapters import ADAPTERS, DEFAULT_LORA_ALPHA, inject_adapter, is_adapter_name
+from wide.io.adapters import (ADAPTERS, DEFAULT_LORA_ALPHA, class_path, inject_adapter, is_adapter_name,
+                              resolve_adapter)
 from wide.io.checkpoint import load_trained, read_metadata
 from wide.io.loading import DEFAULT_MODEL
 from wide.tasks.base import WideTask
@@ -26,7 +27,8 @@ class LoRARecovery(WideTask):
         router_checkpoint: Stage-1 ``.safetensors`` file (or run folder holding ``routers.safetensors``).
         adapter: Registered adapter (``wide.io.adapters``): ``lora``; ``super`` (a fixed sparse update per weight,
             peft SHiRA, on the entries of top ``sparse_score``); ``supra`` (LoRA and the sparse update sharing the
-            budget). Every one trains as many parameters as LoRA of rank ``lora_r`` on ``lora_targets``.
+            budget); or the class path of a plug-in ``Adapter`` subclass. Every built-in one trains as many parameters
+            as LoRA of rank ``lora_r`` on ``lora_targets``.
         lora_r: LoRA rank, and every adapter's budget: ``lora_r * (in + out)`` parameters per adapted matrix.
         lora_alpha: LoRA scaling numerator (``supra`` scales it with its LoRA rank, keeping ``alpha / r``).
         lora_dropout: Dropout on the LoRA branch.
@@ -71,13 +73,15 @@ class LoRARecovery(WideTask):
             raise ValueError(f"lora_r: must be a positive integer, got {lora_r!r}")
         if not (isinstance(calibration_batches, int) and calibration_batches > 0):
             raise ValueError(f"calibration_batches: must be a positive integer, got {calibration_batches!r}")
-        kind = ADAPTERS.get(adapter, field="adapter")()
+        adapter_cls = resolve_adapter(adapter)
+        kind = adapter_cls()
         targets = list(lora_targets or LORA_TARGETS)
         settings = kind.settings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout, targets=targets,
                                  lora_share=supra_lora_share, score=sparse_score)
         super().__init__(model, routing, lr=lr, **kwargs)  # the other WideTask arguments pass through
         self.router_checkpoint = router_checkpoint
-        self.adapter = adapter
+        self.adapter = adapter_cls.registered_name
+        self.adapter_class_path = class_path(adapter_cls)
         self.adapter_settings = settings
         self.lora_r = lora_r
         self.lora_alpha = lora_alpha
@@ -146,4 +150,4 @@ class LoRARecovery(WideTask):
                              "continues the same run")
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        return {"adapter": {"name": self.adapter, **self.adapter_settings}}
+        return {"adapter": {"name": self.adapter, "class_path": self.adapter_class_path, **self.adapter_settings}}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 from torch import nn
 
-from wide.registry import Registry
+from wide.registry import Registry, import_class_path
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,23 @@ def register_adapter(name: str):
     return ADAPTERS.register(name)
 
 
+def resolve_adapter(name: str, field: str = "adapter") -> type[Adapter]:
+    """A registered adapter by name, or by the class path of an ``Adapter`` subclass (``mypkg.adapters.MyAdapter``:
+    imported, which registers it, as a plug-in router is given by ``class_path``)."""
+    if name not in ADAPTERS and "." in str(name):
+        cls = import_class_path(name, field)
+        if not (isinstance(cls, type) and issubclass(cls, Adapter)):
+            raise ValueError(f"{field}: {name!r} is not an Adapter subclass")
+        if ADAPTERS._items.get(cls.registered_name) is not cls:
+            raise ValueError(f"{field}: {name!r} is not registered; decorate it with @register_adapter(\"name\")")
+        return cls
+    return ADAPTERS.get(name, field=field)
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def is_adapter_name(name: str) -> bool:
     """Whether a tensor name belongs to an adapter of any registered kind."""
     return any(m in name for kind in ADAPTERS for m in ADAPTERS.get(kind).tensor_markers())
@@ -133,7 +150,7 @@ def recorded_settings(extra: dict[str, Any], name: str, where: str) -> Optional[
     """The settings ``extra["adapter"]`` records for adapter ``name`` (``None`` when it records another or none)."""
     rec = extra.get("adapter")
     if isinstance(rec, dict) and rec.get("name") == name:
-        return {k: v for k, v in rec.items() if k != "name"}
+        return {k: v for k, v in rec.items() if k not in ("name", "class_path")}
     return None
 
 
@@ -157,6 +174,11 @@ def read_adapters(path: str, extra: dict[str, Any], **overrides: Any) -> dict[st
     rec = extra.get("adapter")
     if isinstance(rec, dict):
         name = rec.get("name")
+        if name not in ADAPTERS and rec.get("class_path"):  # a plug-in: importing its module registers it
+            try:
+                resolve_adapter(rec["class_path"], field="checkpoint")
+            except ValueError:
+                pass  # reported just below, with the registered names
         if name not in ADAPTERS:
             raise ValueError(f"checkpoint: {path} was trained with adapter {name!r}, which is not registered here "
                              f"(registered: {', '.join(ADAPTERS)}); import the package that registers it")
@@ -213,4 +235,4 @@ from wide.io.adapters.supra import Supra  # noqa: E402
 
 __all__ = ["ADAPTERS", "DEFAULT_LORA_ALPHA", "Adapter", "LoRA", "Super", "Supra", "adapter_buffers",
            "inject_adapter", "is_adapter_name", "merge_adapters", "read_adapters", "recorded_settings",
-           "register_adapter"]
+           "register_adapter", "resolve_adapter"]
