@@ -1,13 +1,17 @@
 """Every shipped recipe parses and runs (fast_dev_run) on a tiny model; plug-ins and checkpoints behave."""
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 import wide
-from wide.io.checkpoint import load_trained, read_metadata
 from wide.cli import main
+from wide.io import ADAPTERS, is_trained_name
+from wide.io.checkpoint import load_trained, read_metadata
+from wide.io.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "ablations" not in p.parts)
@@ -63,7 +67,7 @@ def test_recipes_exist():
     for expected in ["smollm2-135m/calibrate.yaml", "smollm2-135m/lora.yaml", "qwen2.5-1.5b/calibrate.yaml",
                      "qwen2.5-1.5b/lora.yaml", "llama-3.1-8b/calibrate.yaml", "llama-3.1-8b/lora.yaml",
                      "qwen3-8b/calibrate.yaml", "smollm2-135m/calibrate_distill.yaml", "smollm2-135m/lora_distill.yaml",
-                     "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml"]:
+                     "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml", "smollm2-135m/super.yaml"]:
         assert expected in names
 
 
@@ -92,18 +96,33 @@ def test_stage1_checkpoint_holds_only_routers_and_identity(stage1, tiny_model_di
     assert meta["wide_config"].ffn_group_size == 32 and meta["base_model"]["model_type"] == "llama"
 
 
-def test_stage2_trains_lora_from_stage1(stage1, tmp_path, tiny_model_dir, tiny_corpus):
+@pytest.mark.parametrize("adapter", ADAPTERS.names())
+def test_stage2_trains_every_adapter_from_stage1(adapter, stage1, tmp_path, tiny_model_dir, tiny_corpus, caplog):
+    """``adapter: lora | super | supra`` in the stage-2 recipe: 2 steps train it, at LoRA's budget, and its
+    checkpoint holds the routers and the adapter's tensors (a sparse support included) and nothing else."""
     recipe = ROOT / "recipes/smollm2-135m/lora.yaml"
+    caplog.set_level(logging.INFO)
     main(["fit", "--config", str(recipe), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
-          "--model.init_args.router_checkpoint", str(stage1), "--trainer.max_steps", "2",
-          "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"])
+          "--model.init_args.router_checkpoint", str(stage1), "--model.init_args.adapter", adapter,
+          "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"])
+    budget = re.search(r"wide: adapter (\w+) .*: ([\d,]+) trainable parameters .*LoRA r=16 on them: ([\d,]+)",
+                       caplog.text)
+    assert budget and budget[1] == adapter and budget[2] == budget[3]
     from safetensors import safe_open
 
-    with safe_open(str(tmp_path / "wide" / "routers.safetensors"), framework="pt") as f:
-        keys = list(f.keys())
-        lora_b = [f.get_tensor(k) for k in keys if "lora_B" in k]
-    assert any("lora_A" in k for k in keys) and any(".wide.routers." in k for k in keys)
-    assert any(t.abs().sum() > 0 for t in lora_b), "LoRA B moved away from its zero init"
+    path = tmp_path / "wide" / "routers.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    assert all(is_trained_name(k) for k in state) and any(".wide.routers." in k for k in state)
+    for marker in ADAPTERS.get(adapter).tensor_markers():
+        assert any(marker in k for k in state), marker
+    moved = [t for k, t in state.items() if "lora_B" in k or ".shira_weight." in k]
+    assert any(t.abs().sum() > 0 for t in moved), "the adapter moved away from its zero init"
+    if adapter != "lora":
+        assert all(t.dtype == torch.int32 for k, t in state.items() if ".shira_indices." in k)
+    assert read_metadata(path)["extra"]["adapter"]["name"] == adapter
+    loaded = load_model(checkpoint=str(path), device="cpu")  # what `wide eval --checkpoint` and `wide export` do
+    assert loaded.info["checkpoint"]["adapter"]["name"] == adapter and loaded.info["checkpoint"]["adapter_merged"]
 
 
 def test_custom_router_by_class_path_trains(tmp_path, tiny_model_dir, tiny_corpus):

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from wide.io.checkpoint import is_trained_name
+from wide.io.checkpoint import trained_tensors
 
 __all__ = ["FSDP2Strategy", "gather_trained_state", "shard_model"]
 
@@ -44,9 +44,8 @@ def gather_trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     _reject_fsdp1(model)
     out = {}
-    for name, p in model.named_parameters():
-        if is_trained_name(name):
-            out[name] = _full(p.detach()).to("cpu").contiguous()
+    for name, p in trained_tensors(model).items():
+        out[name] = _full(p.detach()).to("cpu").contiguous()
     return out
 
 

@@ -12,6 +12,7 @@ import wide
 from tests.conftest import tiny_model
 from tests.reliability.conftest import fit_args, run_wide
 from wide.callbacks.throughput import peak_tflops, train_flops_per_token
+from wide.io import ADAPTERS, is_adapter_name
 from wide.losses import LossConfig, objective
 
 
@@ -78,3 +79,23 @@ def test_fit_computes_mfu_against_the_given_peak(tmp_path, tiny_model_dir, tiny_
     assert len(logs["perf/mfu"]) == len(logs["perf/tflops"]) >= 3
     for mfu, tflops in zip(logs["perf/mfu"], logs["perf/tflops"]):
         assert mfu == pytest.approx(tflops / 0.25, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ADAPTERS.names())
+def test_flop_formula_counts_every_stage2_adapter(name):
+    """Stage 2: LoRA's weights train with their own gradients (6 per element), a sparse (SHiRA) adapter's values
+    come from the dense gradient of the weight it adapts (2 more per element of that weight)."""
+    from tests.io.adapter_cases import adapted
+
+    model = tiny_model("llama", num_hidden_layers=8, vocab_size=512)
+    model.config._attn_implementation = "eager"
+    model, _ = adapted(model, name)
+    for n, p in model.named_parameters():
+        p.requires_grad_(is_adapter_name(n) or ".wide.routers." in f".{n}")
+    model.train()
+    b, t = 2, 64
+    with FlopCounterMode(display=False) as counter:
+        objective(model, {"input_ids": torch.randint(3, 512, (b, t))}, LossConfig()).total.backward()
+    c = model.config
+    counted = counter.get_total_flops() / (b * t) - 3 * 2 * c.num_hidden_layers * t * c.num_attention_heads * c.head_dim
+    assert 0.9 < counted / train_flops_per_token(model, t) <= 1.0

@@ -6,6 +6,7 @@ import pytest
 
 from wide.cli import main
 from wide.eval.tasks import DEFAULT_TASKS
+from wide.io import ADAPTERS
 
 
 def run_eval(capsys, *args):
@@ -96,3 +97,17 @@ def test_default_model_real_data(tmp_path, capsys):
     assert result["model"]["model"] == "smollm2-135m" and list(result["tasks"]) == list(DEFAULT_TASKS)
     assert 5 < result["perplexity"]["ppl"] < 60  # measured 17.1 on the first 2k held-out tokens
     assert "average (7 tasks)" in io.out
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS.names())
+def test_stage2_checkpoint_of_every_adapter_evaluates_merged(adapter, olmo_cache, tiny_model_dir, tmp_path, capsys):
+    from tests.io.adapter_cases import adapter_checkpoint
+
+    ckpt, _ = adapter_checkpoint(tiny_model_dir, tmp_path / "routers.safetensors", adapter)
+    rc, io = run_eval(capsys, "--checkpoint", str(ckpt), "--tasks", "boolq", "--limit", "2", "--ppl-source", "none",
+                      "--device", "cpu", "--output", str(tmp_path / "ev"))
+    assert rc == 0, io.err
+    info = json.loads((tmp_path / "ev" / "results.json").read_text())["model"]["checkpoint"]
+    assert info["adapter"]["name"] == adapter and info["adapter_merged"]
+    assert f"stage lora, step 2, {info['adapter']['label']} merged" in io.out
+    assert info["adapter"]["label"] == ADAPTERS.get(adapter)().describe(info["adapter"])

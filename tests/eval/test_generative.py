@@ -68,7 +68,7 @@ def test_routed_reference_is_the_same_model_with_routing_off(tiny_model_dir):
     dense = tiny_model("llama", vocab_size=max(96, len(tok)))
     routed = wide.apply_wide(tiny_model("llama", vocab_size=max(96, len(tok))),
                              wide.WideConfig(router="topk", sparsity=0.5, attn_group_size=2, ffn_group_size=32)).eval()
-    loaded = SimpleNamespace(model=routed, tokenizer=tok, info={"checkpoint": {"lora_merged": False}})
+    loaded = SimpleNamespace(model=routed, tokenizer=tok, info={"checkpoint": {"adapter_merged": False}})
     reference, kind = G.dense_reference(loaded)
     prompts = [tok("the quick brown fox")["input_ids"], tok("routers")["input_ids"]]
     assert kind == "routing off"
@@ -93,7 +93,7 @@ def test_merged_lora_reference_loads_the_base_model(tiny_model_dir, monkeypatch)
         return SimpleNamespace(model=dense)
 
     monkeypatch.setattr("wide.io.loading.load_model", fake_load)
-    info = {"model": "base", "device": "cpu", "dtype": "float32", "checkpoint": {"lora_merged": True}}
+    info = {"model": "base", "device": "cpu", "dtype": "float32", "checkpoint": {"adapter_merged": True}}
     reference, kind = G.dense_reference(SimpleNamespace(model=routed, tokenizer=tok, info=info))
     prompts = [tok("the lazy dog")["input_ids"]]
     from wide.modeling.batched import generate_many

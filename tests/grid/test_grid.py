@@ -162,7 +162,7 @@ def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir,
 def test_ablation_grids_exist():
     names = {p.name for p in ABLATIONS}
     assert {"methods_x_sparsity.yaml", "group_size.yaml", "quality_smollm2-135m.yaml", "quality_qwen2.5-1.5b.yaml",
-            "quality_cpu.yaml"} <= names
+            "quality_cpu.yaml", "adapters_smollm2-135m.yaml"} <= names
 
 
 @pytest.mark.parametrize("grid", ABLATIONS, ids=[p.name for p in ABLATIONS])

@@ -96,3 +96,31 @@ def test_a_registered_adapter_kind_is_saved_read_injected_and_merged(tmp_path, t
     assert not any("ia3_" in n for n, _ in loaded.model.named_parameters())
     ids = torch.randint(3, 90, (2, 12))
     torch.testing.assert_close(_logits(loaded.model, ids), _logits(ref, ids), atol=1e-5, rtol=1e-4)
+
+
+def test_a_plugin_adapter_by_class_path_trains_saves_and_reloads(tiny_model_dir, tmp_path):
+    """``adapter: tests.io.plugin_adapter.LoHa``: imported (so registered) by the stage, recorded with its class
+    path, and a checkpoint of it reloads and merges like a built-in one."""
+    from wide.tasks import LoRARecovery
+
+    def task(adapter):
+        return LoRARecovery(model=tiny_model_dir, routing=wide.WideConfig(**CFG), adapter=adapter, lora_r=2,
+                            lora_targets=["q_proj", "down_proj"])
+
+    stage = task("tests.io.plugin_adapter.LoHa")
+    assert stage.adapter == "test-loha" and "test-loha" in ADAPTERS
+    stage.configure_model()
+    model = stage.model.eval()
+    assert any(p.requires_grad for n, p in model.named_parameters() if "hada_" in n)
+    _randomize(model, "hada_")
+    path = save_trained(model, tmp_path / "loha.safetensors", config=stage.routing, stage="lora",
+                        extra={"model": tiny_model_dir, **stage.checkpoint_extra()})
+    assert stage.checkpoint_extra()["adapter"]["class_path"] == "tests.io.plugin_adapter.LoHa"
+    loaded = load_model(checkpoint=str(path), device="cpu")
+    assert loaded.info["checkpoint"]["adapter"]["name"] == "test-loha" and loaded.info["checkpoint"]["adapter_merged"]
+    ids = torch.randint(3, 90, (2, 12))
+    torch.testing.assert_close(_logits(loaded.model, ids), _logits(model, ids), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"^adapter: 'tests.io.plugin_adapter.NotAnAdapter' is not an Adapter"):
+        task("tests.io.plugin_adapter.NotAnAdapter")
+    with pytest.raises(ValueError, match=r"^adapter: class_path 'tests.io.nope.LoHa' cannot be imported"):
+        task("tests.io.nope.LoHa")

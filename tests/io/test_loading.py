@@ -67,7 +67,7 @@ def test_lora_checkpoint_is_injected_loaded_and_merged(tiny_model_dir, tmp_path,
     loaded = load_model(checkpoint=str(path), device="cpu", lora_alpha=None if alpha_recorded else 8)
     lora = loaded.info["checkpoint"]["lora"]
     assert lora["r"] == 4 and lora["alpha"] == 8 and lora["targets"] == ["down_proj", "q_proj", "v_proj"]
-    assert loaded.info["checkpoint"]["lora_merged"]
+    assert loaded.info["checkpoint"]["adapter_merged"]
     # merged: plain nn.Linear modules again, no adapter parameters left
     assert not any("lora_" in n for n, _ in loaded.model.named_parameters())
     assert type(loaded.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear

@@ -92,3 +92,39 @@ def test_loader_order_is_a_function_of_seed_epoch_and_position():
     assert sorted(halves[0][0] + halves[1][0]) == sorted(sum(second, [])[:4])
     with pytest.raises(ValueError, match="data.seed: the checkpoint was written with seed 17"):
         ResumableLoader(data, batch_size=3, seed=18).load_state_dict(state)
+
+
+def test_sparse_adapter_resumes_with_its_support_and_refuses_another_adapter(tmp_path, tiny_model_dir, tiny_corpus,
+                                                                              capsys, caplog):
+    """Stage 2 with ``adapter: super``: the Wanda support is chosen once; a resumed run restores it from
+    ``last.ckpt`` instead of measuring again, and a resume under another adapter is refused by name."""
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    import wide
+    from tests.reliability.conftest import LORA_RECIPE
+    from wide.io.checkpoint import save_trained
+
+    cfg = wide.WideConfig(attn_group_size=2, ffn_group_size=32)
+    stage1 = save_trained(wide.apply_wide(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg),
+                          tmp_path / "stage1.safetensors", config=cfg, stage="calibrate")
+    caplog.set_level(logging.INFO)
+
+    def run(steps, *extra):
+        return run_wide(fit_args(tmp_path, tiny_model_dir, tiny_corpus, "--model.init_args.router_checkpoint",
+                                 str(stage1), "--model.init_args.adapter", "super", "--trainer.max_steps", str(steps),
+                                 "--wide_checkpoint.every_n_steps", "2", "--trainer.limit_val_batches", "0", *extra,
+                                 recipe=LORA_RECIPE), capsys)
+
+    assert run(2)[0] == 0 and "chosen by Wanda scores" in caplog.text
+    first = {k: v for k, v in load_file(tmp_path / "wide/routers.safetensors").items() if ".shira_indices." in k}
+    caplog.clear()
+    rc, err = run(4, "--ckpt_path", "last")
+    assert rc == 0, err[-3000:]
+    assert "chosen by Wanda scores" not in caplog.text, "a resumed run keeps the support it saved"
+    final = load_file(tmp_path / "wide/routers.safetensors")
+    assert read_metadata(tmp_path / "wide/routers.safetensors")["step"] == 4
+    assert first and all(torch.equal(final[k], first[k]) for k in first)
+    rc, err = run(6, "--ckpt_path", "last", "--model.init_args.adapter", "supra")
+    assert rc == 1 and "ckpt_path: made with adapter {" in err and "'name': 'super'" in err.split("this run")[0]

@@ -70,7 +70,7 @@ class WideCheckpoint(ModelCheckpoint):
                 path = save_trained(model, self.resolve_dir(trainer) / name, config=pl_module.routing,
                                     stage=pl_module.stage, step=trainer.global_step, state=state,
                                     identity=getattr(pl_module, "identity", None),
-                                    extra={"model": pl_module.model_name})
+                                    extra={"model": pl_module.model_name, **getattr(pl_module, "checkpoint_extra", dict)()})
         trainer.strategy.barrier("wide_checkpoint")
         return path
 

@@ -37,9 +37,13 @@ def peak_tflops(device: torch.device, dtype: torch.dtype) -> Optional[float]:
 
 def _matmul_elements(model: nn.Module) -> dict[str, float]:
     """Weight elements of the model's linear layers by role: ``backbone`` (decoder projections), ``head``,
-    ``router`` and ``lora`` (global shapes, also for FSDP2-sharded weights)."""
+    ``router`` and ``lora`` (global shapes, also for FSDP2-sharded weights); ``dense_grad``: the backbone weights
+    under a sparse (SHiRA) adapter, whose update is taken from a dense weight gradient."""
+    from peft.tuners.shira.layer import ShiraLayer
+
     head = model.get_output_embeddings()
-    out = {"backbone": 0.0, "head": 0.0, "router": 0.0, "lora": 0.0}
+    sparse = {id(m.get_base_layer()) for m in model.modules() if isinstance(m, ShiraLayer)}
+    out = {"backbone": 0.0, "head": 0.0, "router": 0.0, "lora": 0.0, "dense_grad": 0.0}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if not isinstance(module, nn.Linear) or weight is None:
@@ -47,6 +51,8 @@ def _matmul_elements(model: nn.Module) -> dict[str, float]:
         role = ("head" if module is head else "router" if ".wide.routers." in f".{name}"
                 else "lora" if "lora_" in name else "backbone")
         out[role] += float(weight.numel())
+        if id(module) in sparse:
+            out["dense_grad"] += float(weight.numel())
     return out
 
 
@@ -63,13 +69,15 @@ def train_flops_per_token(model: nn.Module, seq_len: int, *, student_head: bool 
 
     the forward (2 per weight element) and the backward's activation gradients (2 more) through the whole frozen
     backbone (routers from layer 0 on need them), weight gradients (2 more) only for routers and LoRA, and attention
-    backward at twice its forward; not the ``6 N`` of full training.
+    backward at twice its forward; not the ``6 N`` of full training. A sparse (SHiRA) adapter's weights add
+    ``2 N_s``: its update is gathered from the dense gradient of the ``N_s`` weight elements it adapts.
     """
     n = _matmul_elements(model)
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     attn = 2.0 * cfg.num_hidden_layers * seq_len * cfg.num_attention_heads * head_dim
-    flops = 4 * n["backbone"] + 6 * (n["router"] + n["lora"]) + 3 * attn + (4 * n["head"] if student_head else 0.0)
+    flops = (4 * n["backbone"] + 6 * (n["router"] + n["lora"]) + 2 * n["dense_grad"] + 3 * attn
+             + (4 * n["head"] if student_head else 0.0))
     if teacher:
         flops += 2 * n["backbone"] + attn + (2 * n["head"] if teacher_head else 0.0)
     return flops

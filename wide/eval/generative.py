@@ -170,12 +170,12 @@ def agreement(model, tokenizer, *, reference: Callable[[list[list[int]], int], l
 
 def dense_reference(loaded, batch_size: int = 8, log: Callable[[str], None] = lambda m: None):
     """``(reference, kind)`` for :func:`agreement`: the dense model's greedy answers. The loaded model with routing
-    off when no LoRA was merged into it (no second copy), else the base model loaded again (its weights moved)."""
+    off when no adapter (LoRA, sparse) was merged into it (no second copy), else the base model loaded again (its weights moved)."""
     from wide.modeling.batched import generate_many
     from wide.modeling.wrap import is_routed, runtime_of
 
     model, tok = loaded.model, loaded.tokenizer
-    merged = bool((loaded.info.get("checkpoint") or {}).get("lora_merged"))
+    merged = bool((loaded.info.get("checkpoint") or {}).get("adapter_merged"))
 
     def answers(m, prompts, n):
         return generate_many(m, prompts, max_new_tokens=n, batch_size=batch_size, stop_ids=_stop_ids(tok, m))
@@ -193,7 +193,7 @@ def dense_reference(loaded, batch_size: int = 8, log: Callable[[str], None] = la
         from wide.io.loading import load_model
 
         info = loaded.info
-        log(f"agreement: loading the dense base model {info['model']} (LoRA is merged into the routed one)")
+        log(f"agreement: loading the dense base model {info['model']} (an adapter is merged into the routed one)")
         dense = load_model(info["model"], device=info["device"], dtype=info["dtype"],
                            attn_implementation=info.get("attn_implementation", "sdpa")).model
         try:

@@ -45,9 +45,9 @@ def markdown_report(result: dict[str, Any]) -> str:
             desc.append(f"groups attn {routing['attn_group_size'] or 'gqa'} / ffn {routing['ffn_group_size']}")
     ckpt = info.get("checkpoint")
     if ckpt:
-        lora = ckpt.get("lora")
+        adapter = ckpt.get("adapter")
         desc.append(f"checkpoint `{ckpt['path']}` (stage {ckpt['stage']}, step {ckpt['step']}"
-                    + (f", LoRA r={lora['r']} α={lora['alpha']} merged" if lora else "") + ")")
+                    + (f", {adapter['label']} merged" if adapter else "") + ")")
     elif info.get("untrained_router"):
         desc.append("**router untrained (random init)**")
     desc.append(f"{info['dtype']} on {result.get('hardware', {}).get('gpu') or info['device']}")

@@ -2,7 +2,8 @@
 
 - :mod:`wide.io.checkpoint`: trained-tensor checkpoints (router and adapter tensors as safetensors, with the
   ``WideConfig`` and the base model's identity); a sharded model's tensors are gathered by the caller.
-- :mod:`wide.io.adapters`: adapter kinds (LoRA), injected and merged through peft, once for every kind.
+- :mod:`wide.io.adapters`: stage-2 adapters (lora, super, supra: one file each, registered), injected and merged
+  through peft, once for every kind.
 - :mod:`wide.io.folder`: ``export`` / ``load`` of routed model folders.
 - :mod:`wide.io.loading`: device and dtype resolution; the dense, training-free routed or checkpointed model.
 

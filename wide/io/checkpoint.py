@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from wide.config import WideConfig
-from wide.io.adapters import is_adapter_name
+from wide.io.adapters import adapter_buffers, is_adapter_name
 
 FORMAT = "wide-trained/1"
 IDENTITY_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -51,8 +51,16 @@ def model_identity(model: nn.Module) -> dict[str, Any]:
 
 
 def is_trained_name(name: str) -> bool:
-    """Whether a parameter name belongs to what `wide` trains and saves: routers and adapters (LoRA)."""
+    """Whether a parameter name belongs to what `wide` trains and saves: routers and adapters (LoRA, SHiRA)."""
     return ".wide.routers." in f".{name}" or is_adapter_name(name)
+
+
+def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What a trained-tensor checkpoint holds, by name: router and adapter parameters, and adapter buffers
+    (a sparse adapter's support indices, fixed before training but part of what was trained)."""
+    out = {name: p for name, p in model.named_parameters() if is_trained_name(name)}
+    out.update(adapter_buffers(model))
+    return out
 
 
 def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -63,12 +71,11 @@ def trained_state(model: nn.Module) -> dict[str, torch.Tensor]:
             gathers them (``wide.distributed.gather_trained_state``) and passes them to ``save_trained``.
     """
     out = {}
-    for name, p in model.named_parameters():
-        if is_trained_name(name):
-            if _is_sharded(p):
-                raise ValueError(f"checkpoint: {name} is sharded; gather the trained tensors on every rank "
-                                 "(wide.distributed.gather_trained_state) and pass them as state=")
-            out[name] = p.detach().to("cpu").contiguous()
+    for name, p in trained_tensors(model).items():
+        if _is_sharded(p):
+            raise ValueError(f"checkpoint: {name} is sharded; gather the trained tensors on every rank "
+                             "(wide.distributed.gather_trained_state) and pass them as state=")
+        out[name] = p.detach().to("cpu").contiguous()
     return out
 
 
@@ -191,7 +198,7 @@ def load_trained(model: nn.Module, path: str | os.PathLike, *, strict: bool = Tr
     """
     meta = read_metadata(path)
     check_identity(model, meta["base_model"])
-    params = dict(model.named_parameters())
+    params = {**dict(model.named_parameters()), **dict(adapter_buffers(model))}
     with safe_open(meta["path"], framework="pt") as f:
         keys = [k for k in f.keys() if not prefixes or any(p in k for p in prefixes)]
         missing = [k for k in keys if k not in params]

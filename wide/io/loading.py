@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from wide.config import WideConfig
-from wide.io.adapters import inject_adapter, merge_adapters, read_adapters
+from wide.io.adapters import ADAPTERS, inject_adapter, merge_adapters, read_adapters
 from wide.io.checkpoint import load_trained, read_metadata
 from wide.modeling.wrap import apply_wide, router_parameters
 
@@ -25,10 +25,10 @@ class LoadedModel:
     """What ``load_model`` built.
 
     Attributes:
-        model: The HF causal LM in eval mode, routed unless dense, LoRA merged into its weights.
+        model: The HF causal LM in eval mode, routed unless dense, adapters (LoRA, sparse) merged into its weights.
         tokenizer: Its tokenizer.
         info: JSON-safe description: model name, resolved path, method, routing config, checkpoint
-            metadata (stage, step), LoRA settings, dtype, device.
+            metadata (stage, step), adapter (name, settings, label) and LoRA settings, dtype, device.
     """
 
     model: nn.Module
@@ -85,8 +85,9 @@ def load_model(
     * ``routing``: ``apply_wide`` with that config, nothing loaded (training-free routers such as
       ``topk``; a learnable router without a checkpoint stays at its random init, with a warning).
     * ``checkpoint``: a trained-tensor file from ``wide fit`` (stage 1 or 2). Its ``WideConfig`` is
-      applied, adapters are injected (as ``LoRARecovery`` does) when the file holds adapter tensors,
-      the tensors are loaded after the identity check, and the adapters are merged into the base weights.
+      applied, its adapter (``lora``, ``super``, ``supra``, ...) is injected as ``LoRARecovery`` did when the
+      file holds adapter tensors, the tensors (sparse supports included) are loaded after the identity check,
+      and the adapter is merged into the base weights.
 
     Args:
         model: Asset name, local folder or hub name; default: the model the checkpoint was trained
@@ -98,7 +99,7 @@ def load_model(
             Routers stay in float32 whatever the backbone dtype.
         attn_implementation: HF attention implementation of the backbone.
         lora_alpha: LoRA alpha for checkpoints that do not record it (default 32, LoRARecovery's).
-        merge_lora: Merge the adapters (LoRA) into the weights and drop them (as for deployment).
+        merge_lora: Merge the adapter (of any kind) into the weights and drop it (as for deployment).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,18 +131,20 @@ def load_model(
     if cfg is not None:
         apply_wide(lm, cfg)
     if meta is not None:
-        adapters = read_adapters(meta["path"], meta["extra"], {"lora": {"alpha": lora_alpha}})
-        for kind, settings in adapters.items():
-            inject_adapter(lm, kind, settings)
+        adapters = read_adapters(meta["path"], meta["extra"], alpha=lora_alpha)  # at most one
+        adapter = None
+        for name, settings in adapters.items():
+            inject_adapter(lm, name, settings)
+            adapter = {"name": name, "label": ADAPTERS.get(name)().describe(settings), **settings}
         if adapters:
             for p in lm.parameters():
                 p.requires_grad_(False)
         load_trained(lm, meta["path"])
         if adapters and merge_lora:
             merge_adapters(lm)
-        lora = adapters.get("lora")
         info["checkpoint"] = {"path": meta["path"], "stage": meta["stage"], "step": meta["step"],
-                              "extra": meta["extra"], "lora": lora, "lora_merged": lora is not None and merge_lora}
+                              "extra": meta["extra"], "lora": adapters.get("lora"), "adapter": adapter,
+                              "adapter_merged": adapter is not None and merge_lora}
     elif cfg is not None and not _training_free(lm):
         log.warning("routing: router %r is learnable and no checkpoint was given; it is evaluated at its random "
                     "init (pass --checkpoint from `wide fit` for a calibrated router)", info["method"])

@@ -312,6 +312,10 @@ class WideTask(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # ---------------------------------------------------------------------------------- checkpoints
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What the trained-tensor checkpoint records besides the model name (stage 2: its adapter's settings)."""
+        return {}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning's .ckpt is for resume only: keep just the trained tensors, not the frozen backbone
         from wide.io.checkpoint import is_trained_name
