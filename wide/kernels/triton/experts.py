@@ -163,11 +163,12 @@ def _grid(device: torch.device, R: int, br: int, C: int, bc: int) -> tuple[int]:
     return (max(1, min(triton.cdiv(R, br) * triton.cdiv(C, bc), programs(device, 8))),)
 
 
-def gather_rows(x2: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    """``[R, K]`` grouped rows of ``x2 [M, K]`` (``x2[layout.rows]``), copying only the pairs' rows (their count
-    read on the device: the buffer holds ``M * G`` rows under a layout built without host reads)."""
+def gather_rows(x2: torch.Tensor, layout: ExpertLayout, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``[R, K]`` grouped rows of ``x2 [M, K]`` (``x2[layout.rows]``, into ``out`` when given), copying only the
+    pairs' rows (their count read on the device: the buffer holds ``M * G`` rows under a layout built without
+    host reads; the rows past the pairs are left as they were)."""
     R, K = layout.rows.shape[0], x2.shape[1]
-    out = x2.new_empty(R, K)
+    out = out if out is not None else x2.new_empty(R, K)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     br, bk = _tiles(16, 32, 32, 512)
