@@ -72,8 +72,8 @@ def layout_reference(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     # every pair scatters its token to its row; the skipped ones to one spare row past the end, dropped after
     rows = torch.zeros(M * G + 1, device=mask.device, dtype=torch.int32)
     tok = torch.arange(M, device=mask.device, dtype=torch.int32).view(M, 1).expand(M, G).reshape(-1)
-    rows.scatter_(0, torch.where(mask, slot, M * G).view(-1).long(), tok)
-    return ends, rows[:M * G], slot
+    rows.scatter_(0, torch.where(mask, slot, M * G).reshape(-1).long(), tok)
+    return ends, rows[:M * G], slot.contiguous()
 
 
 def expert_layout(plan: RoutingPlan, read_counts: bool, build=None) -> ExpertLayout:
