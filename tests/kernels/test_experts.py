@@ -302,7 +302,7 @@ def test_benchmark_smoke_writes_json(tmp_path):
     import json
 
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["ffn", "down", "gate_up"]
+    assert [r["part"] for r in rows] == ["ffn", "layout", "down", "gate_up"]
     assert rows[0]["auto_path"] == "experts" and max(rows[0]["err"].values()) < 1e-4
 
 
@@ -325,6 +325,20 @@ def test_bf16_expert_path_on_gpu(width, M, kind, gmm):
     check(out.float(), ref, torch.bfloat16, what=f"bf16 experts {gmm} width={width} M={M} {kind}")
     again = _run(x, gate, up, down, mask, plan=make_plan(mask), path="experts", gmm=gmm)
     assert torch.equal(out, again), "not deterministic"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("M,G", [(4096, 14), (16384, 14), (16384, 7), (4097, 28), (1000, 3)])
+@pytest.mark.parametrize("kind", ["random", "groups"])
+def test_triton_layout_on_gpu(M, G, kind):
+    """`build_layout` at its GPU tile sizes (several scan tiles per program) vs the torch twin."""
+    from wide.kernels.triton.experts import build_layout
+
+    mask = _mask(M, G, kind, seed=G).cuda()
+    (ends, rows, slot), (ref_ends, ref_rows, ref_slot) = build_layout(mask), layout_reference(mask)
+    n = int(mask.sum())
+    assert torch.equal(ends, ref_ends) and torch.equal(slot, ref_slot) and torch.equal(rows[:n], ref_rows[:n])
 
 
 @pytest.mark.gpu
