@@ -3,8 +3,8 @@
 gather, the grouped SwiGLU and the fixed-order combine.
 
 Paths: ``experts`` (wide groups, prefill: `build_layout` -> `gather_rows` -> grouped gate/up -> `swiglu_rows` ->
-grouped down -> `combine`: five Triton launches and three grouped GEMMs, no host read), ``tiles`` (the per-tile swiglu + gemm_k host functions, as the routed MLP ran before), ``dense``
-(every pair runs: plain cuBLAS).
+grouped down -> `combine`: four Triton launches and three grouped GEMMs, no host read), ``tiles`` (the per-tile
+swiglu + gemm_k host functions, as the routed MLP ran before), ``dense`` (every pair runs: plain cuBLAS).
 """
 
 from __future__ import annotations
