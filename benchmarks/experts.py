@@ -10,10 +10,14 @@ per-tile swiglu + gemm_k kernels; ``experts`` = row gather, grouped gate/up, gro
 combine; ``auto`` = the op's own choice from a plan with the router's density hint, and from a plan without
 one, whose density the op reads: an all-true mask then runs plain cuBLAS), then the parts: down alone
 (dense cuBLAS on ``[M, F]`` vs the grouped down GEMM on the grouped ``h`` plus the combine, and the combine
-alone) and gate/up alone (dense vs gather + grouped GEMMs + SwiGLU). Plans are built outside the timed region
-(a layer builds one per forward); ``plan`` is the partition the per-tile path reads, ``layout`` the partition
-plus the expert layout (`expert_layout`), both timed from scratch. Density 1.0 is the 0%-sparsity row: the
-op must not be slower than dense there. Times: medians of ``triton.testing.do_bench`` (L2 flushed).
+alone) and gate/up alone (dense vs gather + grouped GEMMs + SwiGLU).
+
+``tiles`` and ``experts`` run on a plan whose products are cached (the kernels alone); ``w/ plan`` and
+``w/ layout`` are what a layer pays per call: a fresh plan (a layer builds one per forward) and the op, so the
+per-tile path builds its partition and the expert path its layout (`build_layout`, one launch from the mask; it
+needs no partition). ``layout`` times that build alone, ``partition`` the plan's partition alone. Density 1.0 is
+the 0%-sparsity row: the op must not be slower than dense there. Times: medians of ``triton.testing.do_bench``
+(L2 flushed).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 
 from wide.kernels import experts, ffn_experts, get_backend, make_plan  # noqa: E402
-from wide.kernels.experts import expert_layout, ffn_dense  # noqa: E402
+from wide.kernels.experts import ffn_dense  # noqa: E402
 
 if SMOKE:
     K, F, N, DT, DEV = 64, 512, 48, torch.float32, "cpu"
@@ -81,23 +85,32 @@ def ffn_rows(M: int, width: int, density: float, seed: int = 0) -> list[dict]:
         "experts": lambda: triton_be.ffn_experts(x, gate, up, down, mask, plan=p_exp, path="experts"),
         "auto": lambda: ffn_experts(x, gate, up, down, mask, plan=p_auto),
         "auto_measured": lambda: ffn_experts(x, gate, up, down, mask, plan=p_measured),
+        # per call, as a layer pays it: a fresh (hinted) plan, so the path's own plan products are built too
+        "tiles_call": lambda: triton_be.ffn_experts(x, gate, up, down, mask, plan=make_plan(mask, density_hint=density),
+                                                    path="tiles"),
+        "experts_call": lambda: triton_be.ffn_experts(x, gate, up, down, mask,
+                                                      plan=make_plan(mask, density_hint=density), path="experts"),
     }
     ms = {name: timed(fn) for name, fn in run.items()}
     err = {name: rel_err(fn(), ref) for name, fn in run.items() if name != "dense"}
     chosen = experts.ffn_path(M, width, p_auto, eager=True)
     chosen_measured = experts.ffn_path(M, width, p_measured, eager=True)
     plan_ms = timed(lambda: make_plan(mask, density_hint=density).token_order(True))
-    layout_ms = timed(lambda: expert_layout(plan(), read_counts=False))
+    layout_ms = timed(lambda: host.layout_for(make_plan(mask, density_hint=density), read_counts=False))
     base = dict(M=M, width=width, groups=G, density=density)
     rows = [dict(base, part="ffn", dense_ms=ms["dense"], tiles_ms=ms["tiles"], experts_ms=ms["experts"],
                  auto_ms=ms["auto"], auto_path=chosen, auto_measured_ms=ms["auto_measured"],
                  auto_measured_path=chosen_measured, plan_ms=plan_ms, layout_ms=layout_ms,
+                 tiles_call_ms=ms["tiles_call"], experts_call_ms=ms["experts_call"],
                  dense_over_tiles=ms["dense"] / ms["tiles"], dense_over_experts=ms["dense"] / ms["experts"],
-                 dense_over_experts_with_layout=ms["dense"] / (ms["experts"] + layout_ms),
-                 dense_over_auto=ms["dense"] / ms["auto"], err=err)]
+                 dense_over_tiles_with_plan=ms["dense"] / ms["tiles_call"],
+                 dense_over_experts_with_layout=ms["dense"] / ms["experts_call"],
+                 dense_over_auto=ms["dense"] / ms["auto"], err=err),
+            # the plan products built alone: the per-tile path's partition, the expert path's layout
+            dict(base, part="layout", plan_ms=plan_ms, layout_ms=layout_ms)]
 
     # the parts, on the grouped layout of this mask
-    lay = expert_layout(p_exp, read_counts=False)
+    lay = host.layout_for(p_exp, read_counts=False)
     gmm = "grouped" if experts.grouped_mm_runs(x, K, width, N)[0] else None
     if gmm is None and not SMOKE:
         print(f"[parts skipped: {experts.grouped_mm_runs(x, K, width, N)[1]}]", file=sys.stderr)
@@ -138,12 +151,16 @@ def ffn_dense_h(x, gate, up):
 def fmt(r: dict) -> str:
     head = f"| {r['part']:7} | {r['M']:5} | {r['width']:4} x {r['groups']:2} | {1 - r['density']:4.0%} "
     if r["part"] == "ffn":
-        return (head + f"| {r['dense_ms']:7.3f} | {r['tiles_ms']:7.3f} ({r['dense_over_tiles']:.2f}x) "
-                f"| {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x, {r['dense_over_experts_with_layout']:.2f}x "
-                f"w/ layout {r['layout_ms']:.3f}) | {r['auto_path']} {r['auto_ms']:.3f} ({r['dense_over_auto']:.2f}x); "
+        return (head + f"| {r['dense_ms']:7.3f} | {r['tiles_ms']:7.3f} ({r['dense_over_tiles']:.2f}x; w/ plan "
+                f"{r['tiles_call_ms']:.3f} = {r['dense_over_tiles_with_plan']:.2f}x) "
+                f"| {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x; w/ layout {r['experts_call_ms']:.3f} = "
+                f"{r['dense_over_experts_with_layout']:.2f}x) "
+                f"| {r['auto_path']} {r['auto_ms']:.3f} ({r['dense_over_auto']:.2f}x); "
                 f"no hint: {r['auto_measured_path']} {r['auto_measured_ms']:.3f} "
                 f"({r['dense_ms'] / r['auto_measured_ms']:.2f}x) "
                 f"| max err {max(r['err'].values()):.1e} |")
+    if r["part"] == "layout":
+        return head + f"| | partition {r['plan_ms']:.3f} | layout {r['layout_ms']:.3f} | | |"
     extra = f", combine {r['combine_ms']:.3f}" if "combine_ms" in r else ""
     return head + f"| {r['dense_ms']:7.3f} | | {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x{extra}) | | |"
 
@@ -167,8 +184,8 @@ def main(argv=None) -> None:
         raise SystemExit("needs CUDA (or --smoke)")
     if SMOKE:  # tiny shapes: let the auto path take the experts too
         experts.EXPERT_MIN_GROUP, experts.EXPERT_MIN_M = 16, 1
-    print("| part | M | width x G | sparsity | dense ms | tiles ms (dense/tiles) | experts ms (dense/experts) | "
-          "auto | |")
+    print("| part | M | width x G | sparsity | dense ms | tiles ms (dense/tiles; per call w/ plan) | "
+          "experts ms (dense/experts; per call w/ layout) | auto | |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     with torch.inference_mode():

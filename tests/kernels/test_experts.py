@@ -16,7 +16,7 @@ import torch
 
 import wide.kernels as wk
 from wide.kernels import experts, get_backend, make_plan
-from wide.kernels.experts import combine_reference, expert_layout, ffn_path
+from wide.kernels.experts import combine_reference, expert_layout, ffn_path, layout_reference
 from wide.kernels.options import use_kernel_options
 
 from .cases import check
@@ -105,6 +105,103 @@ def test_triton_combine_equals_torch_twin():
     out = torch.full((37, 40), float("nan"))
     combine(partial, lay.slot, out)
     assert torch.equal(out, combine_reference(partial, lay.slot, torch.float32))
+
+
+def _mask(M, G, kind, seed=0):
+    mask = torch.rand(M, G, generator=torch.Generator().manual_seed(seed)) < 0.5
+    if kind == "off":
+        mask[:] = False
+    elif kind == "on":
+        mask[:] = True
+    elif kind == "groups":  # an empty group first, a full one last
+        mask[:, 0] = False
+        mask[:, -1] = True
+    return mask
+
+
+@pytest.mark.parametrize("M,G,kind", [(1, 1, "random"), (1, 3, "on"), (7, 3, "groups"), (129, 14, "random"),
+                                      (50, 5, "off"), (33, 7, "on"), (1000, 2, "groups"), (301, 28, "random")])
+def test_triton_layout_equals_torch_twin(M, G, kind):
+    """`build_layout` (one launch; several programs and scan tiles under the interpreter) vs `layout_reference`:
+    the same ends and slots, the same rows up to the pair count (past it the kernel writes nothing)."""
+    from wide.kernels.triton.experts import build_layout
+
+    mask = _mask(M, G, kind, seed=M * G)
+    ends, rows, slot = build_layout(mask)
+    ref_ends, ref_rows, ref_slot = layout_reference(mask)
+    n = int(mask.sum())
+    assert ends.dtype == rows.dtype == slot.dtype == torch.int32 and rows.shape == (M * G,)
+    assert torch.equal(ends, ref_ends) and int(ends[-1]) == n
+    assert torch.equal(slot, ref_slot)
+    assert torch.equal(rows[:n], ref_rows[:n])
+    t, g = mask.nonzero(as_tuple=True)
+    assert torch.equal(rows[slot[t, g].long()].long(), t)
+
+
+def test_triton_layout_of_a_strided_mask():
+    """A mask that is not contiguous (a transposed, sliced view ``[30, 4]``): read through its strides."""
+    from wide.kernels.triton.experts import build_layout
+
+    mask = (torch.rand(8, 30, generator=torch.Generator().manual_seed(2)) < 0.4).t()[:, ::2]
+    assert not mask.is_contiguous()
+    (ends, rows, slot), (ref_ends, ref_rows, ref_slot) = build_layout(mask), layout_reference(mask)
+    n = int(mask.sum())
+    assert torch.equal(ends, ref_ends) and torch.equal(slot, ref_slot) and torch.equal(rows[:n], ref_rows[:n])
+
+
+def test_triton_layout_capacity_and_counts():
+    from wide.kernels.triton.experts import layout_for
+
+    mask = _mask(40, 6, "groups", seed=4)
+    free = layout_for(make_plan(mask), read_counts=False)  # no host read: M * G rows of capacity
+    assert free.capacity == mask.numel() and free.counts is None
+    read = layout_for(make_plan(mask), read_counts=True)
+    assert read.capacity == int(mask.sum()) == read.rows.shape[0]
+    assert read.counts == tuple(mask.sum(0).tolist())
+
+
+def test_row_kernels_stop_at_the_pairs():
+    """With ``M * G`` rows of capacity, the gather and the SwiGLU never write a row past the pair count, and the
+    combine never reads one: NaN there stays there and never reaches the output."""
+    from wide.kernels.triton.experts import combine, gather_rows, layout_for, swiglu_rows
+
+    gen = torch.Generator().manual_seed(6)
+    mask = _mask(37, 4, "random", seed=6)
+    lay = layout_for(make_plan(mask), read_counts=False)
+    n, R = int(mask.sum()), lay.capacity
+    assert n < R
+    x = torch.randn(37, 40, generator=gen)
+    xg = gather_rows(x, lay, out=torch.full((R, 40), float("nan")))
+    assert torch.equal(xg[:n], x[lay.rows[:n].long()]) and xg[n:].isnan().all()
+    g, u = torch.randn(R, 24, generator=gen), torch.randn(R, 24, generator=gen)
+    g[n:] = float("nan")
+    want = torch.nn.functional.silu(g[:n]) * u[:n]
+    swiglu_rows(g, u, lay)
+    torch.testing.assert_close(g[:n], want)
+    assert g[n:].isnan().all()
+    partial = torch.randn(R, 40, generator=gen)
+    partial[n:] = float("nan")
+    out = combine(partial, lay.slot, torch.empty(37, 40))
+    assert torch.equal(out, combine_reference(partial[:n], lay.slot, torch.float32))
+
+
+def test_grouped_path_ignores_the_rows_past_the_pairs(monkeypatch):
+    """The whole grouped path (``torch._grouped_mm``'s CPU twin) with NaN in every gathered row past the pairs:
+    the reference's output, no NaN."""
+    from wide.kernels.triton import experts as host
+
+    gather = host.gather_rows
+
+    def poisoned(x2, layout, out=None):
+        xg = gather(x2, layout, out)
+        xg[int(layout.ends[-1]):] = float("nan")
+        return xg
+
+    monkeypatch.setattr(host, "gather_rows", poisoned)
+    x, gate, up, down, mask = _problem(129, 32, 4, torch.float32, "groups", seed=8)
+    out = _run(x, gate, up, down, mask, plan=make_plan(mask), path="experts", gmm="grouped")
+    assert not out.isnan().any()
+    check(out, _reference(x, gate, up, down, mask), torch.float32, what="poisoned capacity")
 
 
 def test_same_bits_on_every_run():
@@ -205,7 +302,7 @@ def test_benchmark_smoke_writes_json(tmp_path):
     import json
 
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["ffn", "down", "gate_up"]
+    assert [r["part"] for r in rows] == ["ffn", "layout", "down", "gate_up"]
     assert rows[0]["auto_path"] == "experts" and max(rows[0]["err"].values()) < 1e-4
 
 
@@ -228,6 +325,20 @@ def test_bf16_expert_path_on_gpu(width, M, kind, gmm):
     check(out.float(), ref, torch.bfloat16, what=f"bf16 experts {gmm} width={width} M={M} {kind}")
     again = _run(x, gate, up, down, mask, plan=make_plan(mask), path="experts", gmm=gmm)
     assert torch.equal(out, again), "not deterministic"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("M,G", [(4096, 14), (16384, 14), (16384, 7), (4097, 28), (1000, 3)])
+@pytest.mark.parametrize("kind", ["random", "groups"])
+def test_triton_layout_on_gpu(M, G, kind):
+    """`build_layout` at its GPU tile sizes (several scan tiles per program) vs the torch twin."""
+    from wide.kernels.triton.experts import build_layout
+
+    mask = _mask(M, G, kind, seed=G).cuda()
+    (ends, rows, slot), (ref_ends, ref_rows, ref_slot) = build_layout(mask), layout_reference(mask)
+    n = int(mask.sum())
+    assert torch.equal(ends, ref_ends) and torch.equal(slot, ref_slot) and torch.equal(rows[:n], ref_rows[:n])
 
 
 @pytest.mark.gpu

@@ -11,8 +11,9 @@ grouped layout ``[pairs, ...]`` (group 0's tokens, then group 1's, ...), and
 3. a fixed-order combine ``out[t] = sum over g running t, in group order, of partial[slot(t, g)]`` in fp32:
    the same bits on every run (no atomics), `wide.kernels.triton.experts`' kernel or `combine_reference`.
 
-This module holds the layout (`expert_layout`: on the device; the grouped GEMMs read their offsets there, so
-nothing is read on the host and the buffers hold ``M * G`` rows, of which the pairs are used), the grouped GEMMs
+This module holds the layout (`expert_layout`: on the device, from the mask alone; the grouped GEMMs read their
+offsets there, so nothing is read on the host and the buffers hold ``M * G`` rows, of which only the pairs' are
+ever touched), the grouped GEMMs
 (``torch._grouped_mm`` where it runs: CUDA bf16 on sm_90+; elsewhere a loop over the groups, which reads the
 counts on the host) and the path choice (`ffn_path`). It imports no Triton.
 """
@@ -43,10 +44,11 @@ class ExpertLayout:
     """The grouped layout of one routing mask (all int32 on the mask's device).
 
     Attributes:
-        ends: ``[G]`` cumulative row ends of the groups (``torch._grouped_mm``'s ``offs``).
-        rows: ``[R]`` the token of each grouped row; rows past ``ends[-1]`` point at token 0 (never read back).
+        ends: ``[G]`` cumulative row ends of the groups (``torch._grouped_mm``'s ``offs``); ``ends[-1]`` is the
+            pair count, which the kernels that walk rows read on the device and stop at.
+        rows: ``[R]`` the token of each grouped row; rows past ``ends[-1]`` hold anything (never read).
         slot: ``[M, G]`` the grouped row of (token, group), ``-1`` where the token skips the group.
-        capacity: ``R``: the pair count when it was read (eager), else ``M * G`` (under CUDA-graph capture).
+        capacity: ``R``: the pair count when it was read (eager), else ``M * G`` (no host read).
         counts: the per-group counts on the host when they were read (eager), else ``None``.
     """
 
@@ -57,16 +59,35 @@ class ExpertLayout:
     counts: tuple[int, ...] | None
 
 
-def expert_layout(plan: RoutingPlan, read_counts: bool) -> ExpertLayout:
+def layout_reference(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layout in torch (the Triton kernel's twin, `wide.kernels.triton.experts.build_layout`): ``mask [M, G]``
+    bool -> ``(ends [G], rows [M * G], slot [M, G])`` int32, group ``g``'s tokens ascending at rows
+    ``ends[g - 1] .. ends[g]``; rows past ``ends[-1]`` hold token 0. No host read."""
+    M, G = mask.shape
+    a = mask.to(torch.int32)
+    counts = a.sum(0, dtype=torch.int32)
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
+    rank = torch.cumsum(a, 0, dtype=torch.int32) - 1  # a token's rank among its group's tokens
+    slot = torch.where(mask, (ends - counts) + rank, torch.full_like(rank, -1))
+    # every pair scatters its token to its row; the skipped ones to one spare row past the end, dropped after
+    rows = torch.zeros(M * G + 1, device=mask.device, dtype=torch.int32)
+    tok = torch.arange(M, device=mask.device, dtype=torch.int32).view(M, 1).expand(M, G).reshape(-1)
+    rows.scatter_(0, torch.where(mask, slot, M * G).reshape(-1).long(), tok)
+    return ends, rows[:M * G], slot.contiguous()
+
+
+def expert_layout(plan: RoutingPlan, read_counts: bool, build=None) -> ExpertLayout:
     """The grouped layout of ``plan``'s mask (flattened to ``[M, G]``), cached on the plan.
 
-    Built from the plan's per-group partition (active tokens ascending) with two cumsums, a searchsorted and a
-    gather on the device. ``read_counts``: read the per-group counts on the host (the loop over the groups needs
-    them; one synchronization), so the buffers hold exactly the pairs; ``False`` (the grouped GEMMs, which read
-    their offsets on the device: no synchronization, CUDA-graph safe) sizes them for every pair, ``M * G`` rows,
-    of which the kernels touch only the pairs' (at the 8B shape, 14 groups and 16k tokens: x's grouped rows and
-    the partial rows reserve 1.9 GB each, four times dense's ``[M, F]`` intermediate; h and u 0.47 GB each, the
-    same as dense's).
+    Args:
+        plan: the mask's plan (the layout needs only its mask, not its partition).
+        read_counts: read the per-group counts on the host (the loop over the groups needs them; one
+            synchronization), so ``rows`` holds exactly the pairs; ``False`` (the grouped GEMMs, which read their
+            offsets on the device: no synchronization, CUDA-graph safe) keeps ``M * G`` rows of buffer, of which
+            the kernels touch only the pairs' (every kernel that walks rows stops at the device-side ``ends[-1]``;
+            the rest is reserved memory, never read or written).
+        build: ``mask [M, G] -> (ends, rows [M * G], slot)`` (the triton backend's one-launch kernel); ``None``:
+            `layout_reference`.
     """
     key = f"experts{int(read_counts)}"
     cached = plan.memo(key)
@@ -74,20 +95,14 @@ def expert_layout(plan: RoutingPlan, read_counts: bool) -> ExpertLayout:
         return cached
     mask = plan.mask.reshape(-1, plan.n_groups)
     M, G = mask.shape
-    perm, counts = plan.token_order(flat=True)  # [1, G, M], [1, G]
-    counts = counts.view(G)
-    ends = torch.cumsum(counts, 0, dtype=torch.int32)
-    starts = ends - counts
-    host = tuple(counts.tolist()) if read_counts else None
-    capacity = sum(host) if host is not None else M * G
-    r = torch.arange(capacity, device=mask.device, dtype=torch.int32)
-    g = torch.searchsorted(ends, r, right=True).clamp_max_(max(G - 1, 0))
-    i = (r - starts[g]).clamp_(0, max(M - 1, 0))
-    rows = perm[0][g.long(), i.long()] if M else r
-    # a token's rank among its group's tokens: the partition keeps them ascending
-    rank = torch.cumsum(mask.to(torch.int32), 0, dtype=torch.int32) - 1
-    slot = torch.where(mask, starts + rank, torch.full_like(rank, -1))
-    layout = ExpertLayout(ends, rows.to(torch.int32), slot, capacity, host)
+    ends, rows, slot = (build or layout_reference)(mask)
+    capacity, host = M * G, None
+    if read_counts:
+        e = ends.tolist()
+        host = tuple(b - a for a, b in zip([0] + e[:-1], e))
+        capacity = e[-1] if e else 0
+        rows = rows[:capacity]
+    layout = ExpertLayout(ends, rows, slot, capacity, host)
     plan.memo(key, layout)
     return layout
 
@@ -136,7 +151,9 @@ def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dty
         # strided views, no weight copies: [G, K, width] of gate/up, [G, width, N] of down's column groups
         h = torch._grouped_mm(xg, gate.view(G, width, K).transpose(1, 2), offs=layout.ends)
         u = torch._grouped_mm(xg, up.view(G, width, K).transpose(1, 2), offs=layout.ends)
+        del xg  # freed before down's output: [R, N] then reuses its [R, K] block (N == K in Llama's FFN)
         h = swiglu(h, u, layout) if swiglu is not None else F.silu(h, inplace=True).mul_(u)
+        del u
         return torch._grouped_mm(h, down.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
     if gmm != "loop":
         raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
