@@ -83,6 +83,13 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    if args.json:
+        from wide.outputs import check_output_file
+
+        try:
+            check_output_file(args.json, "--json")
+        except ValueError as err:
+            raise SystemExit(f"wide bench: {err}") from None
     from wide.kernels import KernelOptions, use_kernel_options
 
     try:
