@@ -38,7 +38,7 @@ def test_lazy_package_keeps_its_names():
     import wide
 
     assert callable(wide.apply_wide) and wide.WideConfig().sparsity == 0.5
-    assert set(wide.__all__) <= set(dir(wide))
+    assert set(wide.__all__) == set(wide._EXPORTS) and set(wide.__all__) <= set(dir(wide))
     with pytest.raises(AttributeError):
         wide.no_such_name
 

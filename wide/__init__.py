@@ -41,7 +41,32 @@ _EXPORTS: dict[str, str] = {
     "register_router": "wide.routers",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ARCHITECTURES",
+    "Generator",
+    "POLICIES",
+    "Policy",
+    "ROUTERS",
+    "Router",
+    "RouterSpec",
+    "SparsityStats",
+    "WideConfig",
+    "apply_wide",
+    "enable_kernels",
+    "export",
+    "fuse_glue",
+    "generate",
+    "is_routed",
+    "load",
+    "register_policy",
+    "register_router",
+    "router_parameters",
+    "set_coherent_decode",
+    "set_overlap_routing",
+    "set_temperature",
+    "sparsity_stats",
+    "unfuse_glue",
+]
 
 if TYPE_CHECKING:  # static tools see the eager imports
     from wide.config import WideConfig

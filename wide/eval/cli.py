@@ -150,11 +150,17 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"model given twice ({args.model!r} and --model {args.model_opt!r})")
     from wide.outputs import check_output_dir
 
-    try:  # the output folder first: a bad one must not cost the minutes of a run
+    try:  # the output folder and the numbers first: a bad one must not cost the minutes of a run
         if args.output is not None:
             check_output_dir(args.output, "--output", results=("results.json", "results.md"), force=args.force)
         else:
             check_output_dir(DEFAULT_OUTPUT, "--output", results=())
+        for name in ("gen_max_new_tokens", "agree_tokens", "batch_size"):  # the numbers: no import needed
+            if getattr(args, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"limit: must be >= 1, got {args.limit}")
+        ppl_docs = ppl_limit(args)
     except ValueError as err:
         print(f"wide eval: error: {err}", file=sys.stderr)
         return 2
@@ -174,20 +180,13 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         settings = EvalSettings(
             tasks=parse_tasks(args.tasks), limit=args.limit, batch_size=args.batch_size, add_bos=args.add_bos,
             ppl_source=args.ppl_source, ppl_window=args.ppl_window, ppl_stride=args.ppl_stride,
-            ppl_max_tokens=args.ppl_max_tokens, ppl_docs=ppl_limit(args), task_data=task_data,
+            ppl_max_tokens=args.ppl_max_tokens, ppl_docs=ppl_docs, task_data=task_data,
             generative=parse_generative(args.generative),
             gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts)
-        for flag in ("gen_max_new_tokens", "agree_tokens"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
         if args.gen_prompts is not None and "agreement" in settings.generative:
             from wide.data.prompts import prompt_file
 
             prompt_file(args.gen_prompts)  # a bad file fails before the model loads
-        if args.batch_size < 1:
-            raise ValueError(f"batch-size: must be >= 1, got {args.batch_size}")
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"limit: must be >= 1, got {args.limit}")
         if settings.ppl_source != "none":
             from wide.data.sources import check_source
 
