@@ -79,3 +79,19 @@ def test_flag_typos_suggest(capsys):
     assert "--data.sorce: unknown flag. Did you mean '--data.source'?" in err
     err = _fit_error(capsys, "--config", str(RECIPE), "--model.init_args.routing.sparsty", "0.3")
     assert "model.init_args.routing.sparsty: unknown key. Did you mean 'model.init_args.routing.sparsity'" in err
+
+
+def test_fit_prints_no_adverts_and_reports_its_data(tmp_path, tiny_model_dir, tiny_corpus, capfd, monkeypatch):
+    from tests.reliability.conftest import fit_args
+
+    monkeypatch.chdir(tmp_path)
+    argv = fit_args(tmp_path / "out", tiny_model_dir, tiny_corpus, "--trainer.max_steps", "1",
+                    "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "1")
+    i = argv.index("--trainer.logger")
+    del argv[i:i + 2]  # the recipe's loggers: Lightning's cloud-logging advert came with them
+    monkeypatch.setattr(sys, "argv", ["wide", *argv])  # as the console script runs: LightningCLI's args warning
+    assert main(argv) == 0
+    out, err = capfd.readouterr()
+    text = out + err
+    assert "Tip:" not in text and "args parameter" not in text
+    assert "wide data: " in text and "documents" in text and "held-out" in text
