@@ -32,6 +32,7 @@ def test_limit_bounds_perplexity_documents(tiny_model_dir, prose, tmp_path, caps
     limited, err = _ppl(capsys, tiny_model_dir, prose, tmp_path / "lim", "--limit", "4")
     assert limited["documents"] == 4 and limited["tokens"] < whole["tokens"]
     assert "of 4 documents" in err
+    assert "Perplexity on the first 4 documents" in (tmp_path / "lim" / "results.md").read_text()
     again, _ = _ppl(capsys, tiny_model_dir, prose, tmp_path / "sep", "--limit", "4", "--ppl-limit", "2")
     assert again["documents"] == 2
     free, _ = _ppl(capsys, tiny_model_dir, prose, tmp_path / "free", "--limit", "4", "--ppl-limit", "all")
