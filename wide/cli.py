@@ -1,132 +1,62 @@
 """The ``wide`` command.
 
-``wide fit|validate|test`` run LightningCLI over a task (``model.class_path``: ``RouterCalibration``
-or ``LoRARecovery``) and the text datamodule, in OmegaConf parser mode so recipes can interpolate.
-Other subcommands (``assets``, and those later issues add) are plain argparse programs.
+``wide fit|validate|test`` run LightningCLI (:mod:`wide.lightning_cli`) over a task and the text datamodule.
+Other subcommands are plain argparse programs. This module imports neither torch nor Lightning: ``wide --help``,
+``wide assets list`` and argument errors answer at once, and each subcommand imports only what it runs.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
-from typing import Callable, Optional
-
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing import Any, Callable, Optional
 
 # name -> "module:function" taking argv; imported lazily so `wide fit` does not pay for them
 SUBCOMMANDS: dict[str, str] = {
-    "assets": "wide.assets:assets_main",
-    "bench": "wide.bench:bench_main",
+    "assets": "wide.assets.cli:assets_main",
+    "bench": "wide.bench.cli:bench_main",
     "data": "wide.data.cli:data_main",
     "eval": "wide.eval.cli:eval_main",
     "export": "wide.deploy:export_main",
     "generate": "wide.deploy:generate_main",
     "grid": "wide.grid:grid_main",
 }
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test")
 
-TRAINER_DEFAULTS = {
-    "logger": [
-        {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dir": "runs", "name": "wide"}},
-        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs", "name": "wide"}},
-    ],
-    "log_every_n_steps": 5,
+# one line each for `wide --help`, in the order a user meets them
+SUMMARIES: dict[str, str] = {
+    "fit": "train: router calibration (stage 1) or LoRA recovery (stage 2) from a recipe (--config FILE)",
+    "validate": "one validation pass of a task over the held-out split",
+    "test": "one test pass of a task",
+    "eval": "perplexity and zero-shot accuracy of a dense, training-free routed or trained model",
+    "export": "write a routed model folder (weights + routers) that `wide.load` and `generate` read",
+    "generate": "generate text with a dense, routed or exported model",
+    "grid": "Cartesian sweeps of fit + eval cells from a grid file, resumable, with tables and plots",
+    "bench": "end-to-end prefill latency and decode throughput, dense vs routed",
+    "assets": "list, fetch or locate the offline models and data (no hub needed)",
+    "data": "build training data: `wide data generate` writes self-distillation jsonl shards",
 }
 
-
-class WideArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, naming a plug-in ``class_path`` that cannot be imported in one line."""
-
-    _CLASS_PATH = re.compile(r"class_path'?:?=?\s*'([A-Za-z_][\w.]*)'")
-    _KEY = re.compile(r'Parser key "([^"]+)"')
-    _REPORTED = re.compile(r"^[\s-]*([\w.]+: class_path '[^']*' cannot be imported .*)$", re.M)
-
-    def error(self, message: str, ex: Optional[Exception] = None):
-        # jsonargparse reports such a class_path as a nested union error (usage, then a dozen lines that hide
-        # the import error): raise one ValueError naming it, which `main` prints as one line. The parsers of
-        # nested classes report first and the outer ones wrap their message: keep the innermost line
-        from wide.registry import import_class_path
-
-        reported = self._REPORTED.search(message)
-        if reported:
-            raise ValueError(reported.group(1)) from None
-        for m in self._CLASS_PATH.finditer(message):
-            keys = self._KEY.findall(message, 0, m.start())
-            import_class_path(m.group(1), field=keys[-1] if keys else "class_path")  # raises for the bad one
-        super().error(message, ex)
+# the LightningCLI names, importable from here as before (`from wide.cli import run_cli`)
+_LAZY = ("TRAINER_DEFAULTS", "WideArgumentParser", "WideCLI", "run_cli")
 
 
-class WideCLI(LightningCLI):
-    """LightningCLI with the routing and throughput callbacks always present and the tokenizer linked to the model."""
-
-    def add_arguments_to_parser(self, parser) -> None:
-        from wide.callbacks import SparsityMonitor, TemperatureSchedule, TokenThroughput, WideCheckpoint
-
-        parser.add_lightning_class_args(TemperatureSchedule, "temperature")
-        parser.add_lightning_class_args(SparsityMonitor, "sparsity_monitor")
-        parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
-        parser.add_lightning_class_args(TokenThroughput, "throughput")
-        parser.link_arguments("model.init_args.model", "data.tokenizer")
-
-    def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        # LightningCLI reads the hyperparameters of a --ckpt_path file next; refuse a foreign or unsafe
-        # file here with one clear error
-        from wide.tasks.checks import read_resume_file
-
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            read_resume_file(self.config[subcommand].get("ckpt_path"))
-
-    def _align_logger_versions(self) -> None:
-        # TensorBoard and CSV loggers pick their versions independently; make the CSV files land in
-        # the same run folder as the TensorBoard events, the routers and the heatmaps
-        loggers = self.trainer.loggers
-        if len(loggers) > 1 and hasattr(loggers[0], "version"):
-            for other in loggers[1:]:
-                if hasattr(other, "_version") and getattr(other, "_experiment", None) is None:
-                    other._version = loggers[0].version
-
-    def _before(self) -> None:
-        self._align_logger_versions()
-        config = self.config_init[self.subcommand]
-        if config.get("weights_only") is None:
-            config["weights_only"] = True  # our .ckpt files hold tensors and plain values only
-        from wide.callbacks import WideCheckpoint
-
-        ckpts = [c for c in self.trainer.callbacks if isinstance(c, WideCheckpoint)]
-        if config.get("ckpt_path") == "last" and ckpts and ckpts[0].dirpath is None:
-            raise ValueError("ckpt_path: 'last' needs a fixed --wide_checkpoint.dirpath (the default folder "
-                             "changes with every run version), e.g. the one of the run to resume")
-        self.model.preflight(self.datamodule, self.trainer, config.get("ckpt_path"))  # fails before any compute
-
-    def before_fit(self) -> None:
-        self._before()
-
-    def before_validate(self) -> None:
-        self._before()
-
-    def before_test(self) -> None:
-        self._before()
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("wide.lightning_cli"), name)
+    raise AttributeError(f"module 'wide.cli' has no attribute {name!r}")
 
 
-def run_cli(args: Optional[list[str]] = None, run: bool = True) -> WideCLI:
-    from wide.data import TextDataModule
-    from wide.tasks import WideTask
-
-    return WideCLI(
-        WideTask,
-        TextDataModule,
-        subclass_mode_model=True,
-        parser_class=WideArgumentParser,
-        parser_kwargs={"parser_mode": "omegaconf"},
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_kwargs={"overwrite": True},
-        seed_everything_default=17,
-        args=args,
-        run=run,
-    )
+def usage() -> str:
+    """The text of ``wide --help``: every subcommand with one line."""
+    width = max(map(len, SUMMARIES))
+    lines = ["usage: wide <command> [options]   (wide <command> --help for its options)", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {text}" for name, text in SUMMARIES.items()]
+    lines += ["", "examples:", "  wide fit --config recipes/smollm2-135m/calibrate.yaml",
+              "  wide eval --limit 20", "  wide assets list", "",
+              "WIDE_TRACEBACK=1 shows the full traceback of an error."]
+    return "\n".join(lines)
 
 
 def _resolve(target: str) -> Callable[[list[str]], Optional[int]]:
@@ -138,9 +68,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Runs ``wide <subcommand>``. Bad input and numerical blow-ups print one ``wide <cmd>: error: ...`` line
     and return 1; ``WIDE_TRACEBACK=1`` re-raises them with the full traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SUBCOMMANDS:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from wide import __version__
+
+        print(f"wide {__version__}")
+        return 0
+    if argv[0] in SUBCOMMANDS:
         return int(_resolve(SUBCOMMANDS[argv[0]])(argv[1:]) or 0)
-    from wide.assets import AssetError
+    if not argv[0].startswith("-") and argv[0] not in LIGHTNING_SUBCOMMANDS:
+        from wide.registry import suggest
+
+        print(f"wide: error: unknown command {argv[0]!r}.{suggest(argv[0], SUMMARIES)} Commands: "
+              f"{', '.join(SUMMARIES)}", file=sys.stderr)
+        return 2
+    from wide.assets.errors import AssetError
+    from wide.lightning_cli import run_cli
+
+    _quiet_lightning()  # after the import: Lightning's own warning filters would come first
 
     try:
         run_cli(argv)
@@ -150,6 +97,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"wide {argv[0] if argv else ''}: error: {_summary(err)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _quiet_lightning() -> None:
+    """Drops two notices every run printed that no user acts on: LightningCLI's warning that ``args`` was given
+    with a command line (``main`` passes the command line itself) and Lightning's cloud-logging adverts."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter")
+
+    class _NoAdverts(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "💡 Tip:" not in str(record.msg)
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
 
 
 def _summary(err: BaseException) -> str:

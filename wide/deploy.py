@@ -57,27 +57,15 @@ def export_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"out: {out} exists and is not empty (pass --force to replace it)")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"out: {parent} is not a folder")
-            break
-
-
 def export_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``wide export``; returns the exit status."""
     argv = list(sys.argv[2:] if argv is None else argv)
     args = export_parser().parse_args(argv)
     from wide.io import export, load_model, read_metadata
+    from wide.outputs import check_output_dir
 
-    out = Path(args.out).expanduser().resolve()
     try:
-        _check_out(out, args.force)
+        out = check_output_dir(args.out, "--out", force=args.force)
         read_metadata(args.checkpoint)  # a bad checkpoint fails here, before the model loads
         t0 = time.perf_counter()
         loaded = load_model(args.model, checkpoint=args.checkpoint, device=args.device,
@@ -168,7 +156,11 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``wide generate``; returns the exit status."""
     argv = list(sys.argv[2:] if argv is None else argv)
     args = generate_parser().parse_args(argv)
+    from wide.outputs import check_output_file
+
     try:
+        if args.json:
+            check_output_file(args.json, "--json")
         if args.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens: must be >= 1, got {args.max_new_tokens}")
         prompts = _prompts(args)

@@ -9,11 +9,12 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
-def suggest(name: str, choices, n: int = 3, cutoff: float = 0.5) -> str:
+def suggest(name: str, choices, n: int = 3, cutoff: float = 0.5, prefix: str = "") -> str:
     """`` Did you mean 'a', 'b'?`` for the choices closest to ``name`` (empty when none is close): the one
-    did-you-mean of every lookup that names what was asked for (registries, assets, tasks, config keys)."""
+    did-you-mean of every lookup that names what was asked for (registries, assets, tasks, config keys).
+    ``prefix`` is shown before each suggestion (a config key's parent, ``model.init_args.``) but not compared."""
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=n, cutoff=cutoff)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return f" Did you mean {', '.join(repr(prefix + c) for c in close)}?" if close else ""
 
 
 class Registry(Generic[T]):

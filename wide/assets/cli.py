@@ -54,6 +54,12 @@ def assets_main(argv: Sequence[str] | None = None) -> int:
             for row in rows:
                 print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
         elif args.command == "fetch":
+            from wide.assets.catalog import get_asset
+            from wide.outputs import check_output_dir
+
+            for name in args.names:  # every name and the cache folder checked before the first download
+                get_asset(name)
+            check_output_dir(cache_dir(), f"${CACHE_ENV}", results=())
             for name in args.names:
                 print(f"{name}: {fetch(name, force=args.force)}")
         else:
@@ -62,6 +68,6 @@ def assets_main(argv: Sequence[str] | None = None) -> int:
                 return 1
             print(asset_path(args.name))
     except (AssetError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"wide assets: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -6,14 +6,28 @@ The command line; the package docstring (`wide.bench`) says what is timed and ho
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
-import torch
+# imported on first use, so that `wide bench --help` and bad flags answer without torch
+_LAZY = {"run_latency": "wide.bench.latency", "quality_rows": "wide.bench.quality"}
 
-from wide.bench.latency import run_latency
-from wide.bench.quality import quality_rows
-from wide.bench.report import format_quality_table, format_table, kernel_switches, latency_notes, write_json
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _backend(name: str) -> str:
+    from wide.kernels.backends.base import check_backend
+
+    try:
+        return check_backend(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("backend: ")) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,9 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--attn-group-size", type=int, default=None)
     p.add_argument("--ffn-group-size", type=int, default=128)
-    from wide.kernels import backend_choices
-
-    p.add_argument("--backend", default="auto", choices=backend_choices())
+    p.add_argument("--backend", default="auto", type=_backend,
+                   help="auto (the fastest available per op), torch, gather, triton, or a registered plug-in backend")
     p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
                    help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
                         "persistent_mn, skinny_swap, decode_fold, ffn_experts), e.g. skinny_swap=0; repeatable")
@@ -57,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
                    help="compile HF's RMS norms, RoPE and the dense MLP's act*up on both sides (wide.fuse_glue; "
                         "default backend: inductor): seconds to compile, CUDA-graph capturable")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="cuda, cpu, cuda:1 ... (default: cuda when present, else cpu)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.add_argument("--quality", action="store_true",
@@ -83,7 +96,21 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    if args.json:
+        from wide.outputs import check_output_file
+
+        try:
+            check_output_file(args.json, "--json")
+        except ValueError as err:
+            raise SystemExit(f"wide bench: {err}") from None
+    import torch
+
+    from wide.bench.report import format_quality_table, format_table, kernel_switches, latency_notes, write_json
     from wide.kernels import KernelOptions, use_kernel_options
+
+    this = sys.modules[__name__]  # run_latency/quality_rows looked up here, where a test may replace them
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     try:
         options = KernelOptions.parse(args.kernel_option)
@@ -92,12 +119,12 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     with use_kernel_options(options):
         if args.quality:
-            rows = quality_rows(args)
+            rows = this.quality_rows(args)
             print(format_quality_table(rows))
             if args.json:
                 write_json(args.json, {"args": vars(args), "quality": rows})
             return 0
-        rows = run_latency(args)
+        rows = this.run_latency(args)
     print(format_table(rows))
     switches = kernel_switches()
     for line in latency_notes(args, rows, switches):

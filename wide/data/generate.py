@@ -131,9 +131,9 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
                   ) -> dict[str, Any]:
     """Writes the shards of ``args`` (see :func:`generate_parser`) and returns the manifest."""
     _check_args(args)
-    out = Path(args.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} exists and is not a folder")
+    from wide.outputs import check_output_dir
+
+    out = check_output_dir(args.out, "--out", results=())  # resumable: shards already there are kept
     settings = _settings(args)
     _check_manifest(out, settings)
     from wide.io.loading import load_model

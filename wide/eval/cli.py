@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from wide.eval.flags import add_config_flags, flag, given_fields
-from wide.eval.perplexity import DEFAULT_WINDOW
+from wide.eval import DEFAULT_WINDOW
 
 
 def _wide_config() -> type:
@@ -19,10 +19,12 @@ def _wide_config() -> type:
     return WideConfig
 
 
+DEFAULT_OUTPUT = "runs/eval"
+
 EPILOG = """\
 examples:
   wide eval                                        # dense smollm2-135m, full perplexity + 7 tasks
-  wide eval --limit 20 --ppl-max-tokens 4096       # quick CPU smoke run
+  wide eval --limit 20                             # quick CPU smoke run: 20 items per task, 20 ppl documents
   wide eval --router topk --sparsity 0.5           # training-free top-k width routing at 50%
   wide eval --checkpoint runs/wide/version_0/wide/routers.safetensors   # stage-1 or stage-2 output
   wide eval qwen2.5-1.5b --tasks arc_easy,piqa --batch-size 32 --device cuda --dtype bfloat16
@@ -51,13 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("what to measure")
     e.add_argument("--tasks", default="all",
                    help="comma list of tasks, 'all' (the seven) or 'none' (default: all)")
-    e.add_argument("--limit", type=int, default=None, help="first N items per task (default: all)")
+    e.add_argument("--limit", type=int, default=None,
+                   help="first N items per task and per generative metric, and the first N perplexity documents "
+                        "unless --ppl-limit or --ppl-max-tokens is given (default: all): the whole run scales with it")
     e.add_argument("--ppl-source", default="default",
                    help="'default' (held-out split of the default corpus), 'none', or a wide.data source "
                         "(prose corpus name, .txt/.jsonl/.parquet file or folder, save_to_disk folder)")
     e.add_argument("--ppl-window", type=int, default=DEFAULT_WINDOW, help=f"tokens per window (default {DEFAULT_WINDOW})")
     e.add_argument("--ppl-stride", type=int, default=None, help="tokens between windows (default: the window)")
     e.add_argument("--ppl-max-tokens", type=int, default=None, help="evaluate only the first N tokens of the stream")
+    e.add_argument("--ppl-limit", default=None, metavar="N|all",
+                   help="first N documents of the perplexity source, or 'all' (default: --limit when given, else all; "
+                        "the default held-out split has 294 documents, ~127 SmolLM2 tokens each)")
     e.add_argument("--add-bos", default="auto", choices=["auto", "yes", "no"],
                    help="prepend BOS to zero-shot requests (auto: lm-eval's rule, Gemma only)")
     e.add_argument("--lm-eval", action="store_true",
@@ -79,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
     r.add_argument("--attn-implementation", default="sdpa")
     r.add_argument("--output", default=None,
-                   help="folder for results.json and results.md (default runs/eval/<model>-<method>-<time>)")
+                   help="folder for results.json and results.md (default runs/eval/<model>-<method>-<time>); "
+                        "checked before anything runs")
+    r.add_argument("--force", action="store_true", help="overwrite results.json/results.md already in --output")
     r.add_argument("--quiet", action="store_true", help="do not print the Markdown table")
     return p
 
@@ -111,6 +120,22 @@ def routing_from_args(args: argparse.Namespace):
     return _wide_config().from_dict({**base, **flags})
 
 
+def ppl_limit(args: argparse.Namespace) -> Optional[int]:
+    """The number of perplexity documents: ``--ppl-limit``, else ``--limit`` unless ``--ppl-max-tokens`` bounds
+    perplexity already, else all (``None``)."""
+    if args.ppl_limit is None:
+        return args.limit if args.ppl_max_tokens is None else None
+    if str(args.ppl_limit).lower() == "all":
+        return None
+    try:
+        n = int(args.ppl_limit)
+    except ValueError:
+        raise ValueError(f"ppl-limit: expected a number of documents or 'all', got {args.ppl_limit!r}") from None
+    if n < 1:
+        raise ValueError(f"ppl-limit: must be >= 1 or 'all', got {n}")
+    return n
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text).strip("-")
 
@@ -121,14 +146,30 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="wide eval: %(message)s")
+    if args.model and args.model_opt and args.model != args.model_opt:
+        parser.error(f"model given twice ({args.model!r} and --model {args.model_opt!r})")
+    from wide.outputs import check_output_dir
+
+    try:  # the output folder and the numbers first: a bad one must not cost the minutes of a run
+        if args.output is not None:
+            check_output_dir(args.output, "--output", results=("results.json", "results.md"), force=args.force)
+        else:
+            check_output_dir(DEFAULT_OUTPUT, "--output", results=())
+        for name in ("gen_max_new_tokens", "agree_tokens", "batch_size"):  # the numbers: no import needed
+            if getattr(args, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"limit: must be >= 1, got {args.limit}")
+        ppl_docs = ppl_limit(args)
+    except ValueError as err:
+        print(f"wide eval: error: {err}", file=sys.stderr)
+        return 2
+    from wide.eval.generative import parse_generative
     from wide.eval.report import markdown_report
     from wide.eval.runner import EvalSettings, evaluate, write_result
-    from wide.eval.generative import parse_generative
     from wide.eval.tasks import parse_tasks
     from wide.io.loading import load_model
 
-    if args.model and args.model_opt and args.model != args.model_opt:
-        parser.error(f"model given twice ({args.model!r} and --model {args.model_opt!r})")
     try:
         task_data = {}
         for item in args.task_data:
@@ -139,19 +180,13 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         settings = EvalSettings(
             tasks=parse_tasks(args.tasks), limit=args.limit, batch_size=args.batch_size, add_bos=args.add_bos,
             ppl_source=args.ppl_source, ppl_window=args.ppl_window, ppl_stride=args.ppl_stride,
-            ppl_max_tokens=args.ppl_max_tokens, task_data=task_data, generative=parse_generative(args.generative),
+            ppl_max_tokens=args.ppl_max_tokens, ppl_docs=ppl_docs, task_data=task_data,
+            generative=parse_generative(args.generative),
             gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts)
-        for flag in ("gen_max_new_tokens", "agree_tokens"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
         if args.gen_prompts is not None and "agreement" in settings.generative:
             from wide.data.prompts import prompt_file
 
             prompt_file(args.gen_prompts)  # a bad file fails before the model loads
-        if args.batch_size < 1:
-            raise ValueError(f"batch-size: must be >= 1, got {args.batch_size}")
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"limit: must be >= 1, got {args.limit}")
         if settings.ppl_source != "none":
             from wide.data.sources import check_source
 
@@ -183,7 +218,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     result["timing"]["load_s"] = load_s
     result["command"] = ["wide", "eval", *argv]
-    output = args.output or Path("runs/eval") / _slug(
+    output = args.output or Path(DEFAULT_OUTPUT) / _slug(
         f"{Path(loaded.info['model']).name}-{loaded.info['method'].replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}")
     json_path, md_path = write_result(result, output)
     if not args.quiet:

@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wide.eval import DEFAULT_WINDOW
 from wide.eval.meter import SparsityMeter
 
-DEFAULT_WINDOW = 1024
+__all__ = ["DEFAULT_WINDOW", "perplexity", "token_stream", "windows"]
 
 
 def token_stream(tokenizer, docs: Sequence[str], max_tokens: Optional[int] = None) -> np.ndarray:

@@ -73,6 +73,9 @@ def markdown_report(result: dict[str, Any]) -> str:
              "kinds, token-weighted over the valid tokens of the forwards behind that row."]
     if settings.get("limit"):
         notes.append(f"Limited to the first {settings['limit']} items per task.")
+    if settings.get("ppl_docs") and result.get("perplexity"):
+        notes.append(f"Perplexity on the first {result['perplexity']['documents']} documents of its source "
+                     "(--ppl-limit all: every document).")
     if any(r["split"] != r["lm_eval_split"] for r in result["tasks"].values()):
         notes.append("ARC and OpenBookQA are scored on their validation split (lm-eval: test).")
     by_kind = summary["sparsity"].get("by_kind") or {}

@@ -34,6 +34,7 @@ class EvalSettings:
         ppl_window: Tokens per perplexity window.
         ppl_stride: Tokens between window starts (``None``: ``ppl_window``).
         ppl_max_tokens: Cap on the perplexity token stream (``None``: all).
+        ppl_docs: First N documents of the perplexity source (``None``: all); ``wide eval --limit`` sets it.
         task_data: Optional ``{task: save_to_disk folder}`` overriding the asset's data (``basic_arithmetic``
             for the generative arithmetic metric too).
         generative: Generative metrics (`wide.eval.generative`): ``arithmetic``, ``agreement``.
@@ -50,6 +51,7 @@ class EvalSettings:
     ppl_window: int = DEFAULT_WINDOW
     ppl_stride: Optional[int] = None
     ppl_max_tokens: Optional[int] = None
+    ppl_docs: Optional[int] = None
     task_data: dict[str, str] = field(default_factory=dict)
     generative: list[str] = field(default_factory=list)
     gen_max_new_tokens: int = 64
@@ -106,7 +108,7 @@ def evaluate(loaded: LoadedModel, settings: EvalSettings, *, log: Callable[[str]
     parts = []
     if settings.ppl_source != "none":
         t0 = time.perf_counter()
-        docs = ppl_documents(settings.ppl_source)
+        docs = ppl_documents(settings.ppl_source)[: settings.ppl_docs]
         from wide.eval.loglik import max_length
 
         window = min(settings.ppl_window, max_length(model, tok))
@@ -118,7 +120,8 @@ def evaluate(loaded: LoadedModel, settings: EvalSettings, *, log: Callable[[str]
         ppl["seconds"] = time.perf_counter() - t0
         result["perplexity"] = ppl
         parts.append(ppl["sparsity"])
-        log(f"perplexity {ppl['ppl']:.3f} on {ppl['tokens']:,} tokens ({settings.ppl_source}, window {window}, "
+        log(f"perplexity {ppl['ppl']:.3f} on {ppl['tokens']:,} tokens of {len(docs):,} documents "
+            f"({settings.ppl_source}, window {window}, "
             f"stride {stride}), realized sparsity {100 * ppl['sparsity']['sparsity']:.1f}% "
             f"[{ppl['seconds']:.1f}s]")
     for task in settings.tasks:

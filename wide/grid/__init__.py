@@ -55,6 +55,9 @@ def _executor(spec: GridSpec, *, executor: Optional[str], ray_address: Optional[
         executor = "ray" if ray_address else "local"
     if executor not in EXECUTORS:
         raise ValueError(f"--executor: must be one of {EXECUTORS}, got {executor!r}")
+    from wide.outputs import check_output_dir
+
+    check_output_dir(spec.output, "--output", results=())  # resumable: finished cells in it are kept
     runner = GridRunner(spec, **runner_args)
     if executor == "local":
         given = [flag for flag, value in (("--ray-address", ray_address), ("--gpus-per-cell", gpus_per_cell),

@@ -89,5 +89,6 @@ def eval_argv(spec: GridSpec, cell: Cell, output: Path, checkpoint: Optional[Pat
             argv += [flag, ",".join(str(v) for v in value)]
         else:
             argv += [flag, str(value)]
-    argv += ["--output", str(output), "--quiet"]
+    # the grid decides when a cell's eval runs again (settings changed, --force): replace its old results then
+    argv += ["--output", str(output), "--quiet", "--force"]
     return argv
