@@ -10,6 +10,7 @@ import torch
 from torchmetrics import MeanMetric
 
 import wide
+from wide.callbacks.progress import is_last_step
 
 
 class SparsityMonitor(L.Callback):
@@ -23,7 +24,7 @@ class SparsityMonitor(L.Callback):
     Validation: the same per-layer rates averaged over the whole validation set (weighted by valid
     tokens, reduced across ranks), logged at epoch end. Every ``heatmap_every_n_steps`` a token × layer
     heatmap of the active fraction of one training sequence goes to the logger and to
-    ``<log_dir>/heatmaps/step_XXXXXX.png``.
+    ``<log_dir>/heatmaps/step_XXXXXX.png``, and one more at the last step of the run.
 
     Args:
         heatmap_every_n_steps: Heatmap cadence in optimizer steps (0: never).
@@ -47,8 +48,10 @@ class SparsityMonitor(L.Callback):
         if step % max(1, trainer.log_every_n_steps) == 0:
             self._log_rates(trainer, pl_module, stats, "train", batch["input_ids"].shape[0])
             self._histogram(trainer, stats, step)
-        if self.heatmap_every_n_steps and step % self.heatmap_every_n_steps == 0:
-            self._heatmap(trainer, stats, step)
+        # every run, however short, ends with one (its last step, or a stop request)
+        if self.heatmap_every_n_steps and (step % self.heatmap_every_n_steps == 0 or is_last_step(trainer)):
+            if not self.heatmaps or self.heatmaps[-1].name != f"step_{step:06d}.png":
+                self._heatmap(trainer, stats, step)
 
     def _log_rates(self, trainer: L.Trainer, pl_module, stats: "wide.SparsityStats", split: str,
                    batch_size: int) -> None:
