@@ -71,7 +71,7 @@ class WideCLI(LightningCLI):
         parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.link_arguments("model.init_args.model", "data.tokenizer")
-        parser.add_argument("--overwrite", type=bool, default=False,
+        parser.add_argument("--overwrite", action="store_true",
                             help="Let fit replace an earlier run's results in --wide_checkpoint.dirpath")
         parser.link_arguments("overwrite", "wide_checkpoint.overwrite")
 
