@@ -88,9 +88,8 @@ class StepProgress(TQDMProgressBar):
         items.pop("v_num", None)
         items.pop("perf/tokens_per_s", None)  # the bar shows its own, over the same steps as its ETA
         tps = self.rates().get("tokens_per_s")
-        if tps is not None:
-            items["tok/s"] = f"{tps:,.0f}"
-        return items
+        shown = {"tok/s": f"{tps:,.0f}"} if tps else {}
+        return {**shown, **{k.removeprefix("train/"): v for k, v in items.items()}}
 
     # ---------------------------------------------------------------------------------- training
     def init_train_tqdm(self):
