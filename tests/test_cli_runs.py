@@ -16,20 +16,22 @@ def csv_logger(path) -> list[str]:
 
 def test_a_fit_refuses_to_overwrite_results_unless_told(tmp_path, tiny_model_dir, tiny_corpus, capsys):
     argv = fit_args(tmp_path, tiny_model_dir, tiny_corpus, *SHORT, *csv_logger(tmp_path))
-    assert run_wide(argv, capsys)[0] == 0
+    assert run_wide([*argv, "--wide_checkpoint.every_n_steps", "1"], capsys)[0] == 0
     routers = tmp_path / "wide/routers.safetensors"
     before = routers.stat().st_mtime_ns
     rc, err = run_wide(argv, capsys)
     assert rc == 1
     lines = [line for line in err.splitlines() if "error" in line]  # the rest: Lightning's INFO lines
     assert lines == [f"wide fit: error: wide_checkpoint.dirpath: {tmp_path / 'wide'} already holds an earlier run's "
-                     "results (last.ckpt, routers.safetensors); pass --overwrite to replace them, --ckpt_path last "
+                     "results (last.ckpt, routers.safetensors, step-000001.safetensors, ...); pass --overwrite to replace them, --ckpt_path last "
                      "to resume that run, or another --wide_checkpoint.dirpath"]
     assert routers.stat().st_mtime_ns == before
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["version_0"], "the refused run left no folder"
 
     assert run_wide([*argv, "--trainer.max_steps", "3", "--overwrite"], capsys)[0] == 0
     assert read_metadata(routers)["step"] == 3
+    assert sorted(p.name for p in routers.parent.iterdir()) == ["last.ckpt", "routers.safetensors"], \
+        "the earlier run's numbered copies are gone"
     # resuming from the folder's own checkpoint is no overwrite
     assert run_wide([*argv, "--trainer.max_steps", "4", "--ckpt_path", "last"], capsys)[0] == 0
     assert read_metadata(routers)["step"] == 4

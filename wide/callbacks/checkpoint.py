@@ -62,15 +62,17 @@ class WideCheckpoint(ModelCheckpoint):
                        if p.name in (self.FILENAME, "last.ckpt") or p.name.startswith("step-"))
         return names
 
+    def resumes_here(self, ckpt_path: Optional[str]) -> bool:
+        """Whether ``ckpt_path`` resumes from this folder's own checkpoint (``last`` or a file in ``dirpath``)."""
+        if ckpt_path is None or ckpt_path in ("best", "hpc", "registry") or self.dirpath is None:
+            return False
+        return ckpt_path == "last" or Path(ckpt_path).resolve().parent == Path(self.dirpath).resolve()
+
     def check_fresh(self, ckpt_path: Optional[str]) -> None:
         """Refuses (``ValueError``) to let a fit overwrite an earlier run's results, unless told to or resuming
         from this folder's own ``last.ckpt``."""
         found = self.earlier_results()
-        if not found or self.overwrite:
-            return
-        folder = Path(self.dirpath).resolve()
-        if ckpt_path == "last" or (ckpt_path not in (None, "best", "hpc", "registry")
-                                   and Path(ckpt_path).resolve().parent == folder):
+        if not found or self.overwrite or self.resumes_here(ckpt_path):
             return
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         raise ValueError(f"wide_checkpoint.dirpath: {self.dirpath} already holds an earlier run's results ({shown}); "
@@ -105,6 +107,11 @@ class WideCheckpoint(ModelCheckpoint):
         # `wide fit` checks before any compute (WideCLI); this is for Trainers built in Python, the first hook
         # that knows the resume path, still before anything is written
         self.check_fresh(trainer.ckpt_path)
+        if self.overwrite and not self.resumes_here(trainer.ckpt_path) and trainer.is_global_zero:
+            for name in self.earlier_results():  # no numbered copies of the earlier run left among the new ones
+                path = Path(self.dirpath) / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink()  # a sharded last.ckpt is a folder
+        trainer.strategy.barrier("wide_checkpoint_fresh")
         super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:

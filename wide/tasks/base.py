@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from typing import Any, Optional
 
 import lightning as L
@@ -118,6 +119,10 @@ class WideTask(L.LightningModule):
         from wide.assets import resolve_model
 
         path = resolve_model(self.model_name)
+        if not sys.stderr.isatty():  # no "Loading weights" bar redrawn with carriage returns into a log file
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=self._backbone_dtype(), attn_implementation=self.attn_implementation
         )
