@@ -23,8 +23,8 @@ def test_a_fit_refuses_to_overwrite_results_unless_told(tmp_path, tiny_model_dir
     assert rc == 1
     lines = [line for line in err.splitlines() if "error" in line]  # the rest: Lightning's INFO lines
     assert lines == [f"wide fit: error: wide_checkpoint.dirpath: {tmp_path / 'wide'} already holds an earlier run's "
-                     "results (last.ckpt, routers.safetensors, step-000001.safetensors, ...); pass --overwrite to replace them, --ckpt_path last "
-                     "to resume that run, or another --wide_checkpoint.dirpath"]
+                     "results (last.ckpt, routers.safetensors, step-000001.safetensors, ...); pass --overwrite to "
+                     "replace them, --ckpt_path last to resume that run, or another --wide_checkpoint.dirpath"]
     assert routers.stat().st_mtime_ns == before
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["version_0"], "the refused run left no folder"
 

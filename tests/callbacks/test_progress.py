@@ -3,7 +3,7 @@ however short the run."""
 
 import re
 
-from tests.reliability.conftest import fit_args, run_wide
+from tests.reliability.conftest import fit_args
 from wide.callbacks.progress import _duration
 
 

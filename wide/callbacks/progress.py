@@ -56,6 +56,8 @@ class StepProgress(TQDMProgressBar):
         super().__init__(refresh_rate=refresh_rate)
         if every_n_steps is not None and not (isinstance(every_n_steps, int) and every_n_steps > 0):
             raise ValueError(f"every_n_steps: must be a positive integer or None, got {every_n_steps!r}")
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window: must be an integer >= 1, got {window!r}")
         self.every_n_steps = every_n_steps
         self.every_n_seconds = every_n_seconds
         self.plain = (not sys.stdout.isatty()) if plain is None else plain
@@ -63,7 +65,6 @@ class StepProgress(TQDMProgressBar):
         self._tokens = 0
         self._last_line = 0.0
         self._start_step = self._said_step = 0
-        self.lines: list[str] = []  # plain lines printed, for tests and callers
 
     @property
     def is_disabled(self) -> bool:
@@ -159,7 +160,6 @@ class StepProgress(TQDMProgressBar):
 
     def _say(self, line: str) -> None:
         self._last_line = time.perf_counter()
-        self.lines.append(line)
         print(line, flush=True)
 
     # --------------------------------------------------------------------------------- validation
