@@ -77,6 +77,8 @@ class SparsityMonitor(L.Callback):
                 exp.add_histogram("sparsity/train/token_active_width", active.detach().float().cpu(), step)
 
     def _heatmap(self, trainer: L.Trainer, stats: "wide.SparsityStats", step: int) -> Optional[Path]:
+        # every rank reads trainer.log_dir: it broadcasts from rank 0 (a collective; rank 0 alone would hang)
+        folder = Path(trainer.log_dir or trainer.default_root_dir) / "heatmaps"
         if not trainer.is_global_zero:
             return None
         import matplotlib
@@ -95,7 +97,7 @@ class SparsityMonitor(L.Callback):
         ax.set_title(f"active width per token and layer, step {step}")
         fig.colorbar(im, ax=ax, label="active fraction")
         fig.tight_layout()
-        out = Path(trainer.log_dir or trainer.default_root_dir) / "heatmaps" / f"step_{step:06d}.png"
+        out = folder / f"step_{step:06d}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
         for logger in trainer.loggers:
