@@ -48,14 +48,15 @@ def test_killed_run_resumes_bit_exact(tmp_path, tiny_model_dir, tiny_corpus, cap
 def test_resume_checkpoint_of_another_config_is_refused(tmp_path, tiny_model_dir, tiny_corpus, capsys):
     run = ["--trainer.max_steps", "2", "--wide_checkpoint.every_n_steps", "2", "--trainer.limit_val_batches", "0"]
     assert run_wide(fit_args(tmp_path, tiny_model_dir, tiny_corpus, *run), capsys)[0] == 0
-    # `--ckpt_path <file>` makes LightningCLI adopt the file's model hyperparameters; `last` keeps the
-    # given config, which must then match the checkpoint
+    # the given config must match the checkpoint's, for `last` as for a file path (LightningCLI alone would
+    # adopt a file's model hyperparameters and drop the overrides)
     other = fit_args(tmp_path / "b", tiny_model_dir, tiny_corpus, *run, "--ckpt_path", "last",
                      "--model.init_args.routing.sparsity", "0.25")
     other[other.index("--wide_checkpoint.dirpath") + 1] = str(tmp_path / "wide")
     rc, err = run_wide(other, capsys)
     assert rc == 1
-    assert "wide fit: error: ckpt_path: made for another routing config; sparsity: checkpoint 0.5 vs run 0.25" in err
+    assert ("wide fit: error: ckpt_path: the checkpoint was trained with other settings, and a resume continues the "
+            "same run; routing.sparsity: checkpoint 0.5 vs run 0.25") in err
     torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
     rc, err = run_wide(fit_args(tmp_path / "c", tiny_model_dir, tiny_corpus, *run, "--ckpt_path",
                                 str(tmp_path / "plain.ckpt")), capsys)

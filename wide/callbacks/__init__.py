@@ -1,10 +1,12 @@
 """Lightning callbacks: realized sparsity logging, temperature annealing, trained-tensor checkpoints, throughput,
-REP-LIE pruning."""
+progress, REP-LIE pruning."""
 
 from wide.callbacks.checkpoint import WideCheckpoint
+from wide.callbacks.progress import StepProgress
 from wide.callbacks.rep_lie import RepLiePruning
 from wide.callbacks.sparsity import SparsityMonitor
 from wide.callbacks.temperature import TemperatureSchedule
 from wide.callbacks.throughput import TokenThroughput
 
-__all__ = ["RepLiePruning", "SparsityMonitor", "TemperatureSchedule", "TokenThroughput", "WideCheckpoint"]
+__all__ = ["RepLiePruning", "SparsityMonitor", "StepProgress", "TemperatureSchedule", "TokenThroughput",
+           "WideCheckpoint"]

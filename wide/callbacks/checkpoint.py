@@ -32,23 +32,52 @@ class WideCheckpoint(ModelCheckpoint):
         every_n_steps: Cadence in optimizer steps of the numbered copies and of ``last.ckpt``
             (0: only at the end of training, and ``last.ckpt`` after each validation).
         save_resume: Also write ``last.ckpt`` (Lightning's resume checkpoint).
+        overwrite: Let ``fit`` replace the results of an earlier run in ``dirpath`` (``wide fit --overwrite``);
+            otherwise such a fit refuses before any compute, unless it resumes from that folder's ``last.ckpt``.
     """
 
     FILENAME = "routers.safetensors"
 
-    def __init__(self, dirpath: Optional[str] = None, every_n_steps: int = 0, save_resume: bool = True):
+    def __init__(self, dirpath: Optional[str] = None, every_n_steps: int = 0, save_resume: bool = True,
+                 overwrite: bool = False):
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
             raise ValueError(f"every_n_steps: must be an integer >= 0, got {every_n_steps!r}")
         super().__init__(dirpath=dirpath, save_last=True if save_resume else None, save_top_k=0,
                          every_n_train_steps=every_n_steps or None, enable_version_counter=False)
         self.every_n_steps = every_n_steps
         self.save_resume = save_resume
+        self.overwrite = overwrite
         self.last_path: Optional[Path] = None
 
     def resolve_dir(self, trainer: L.Trainer) -> Path:
         if self.dirpath is not None:
             return Path(self.dirpath)
         return Path(trainer.log_dir or trainer.default_root_dir) / "wide"
+
+    def earlier_results(self) -> list[str]:
+        """Names of an earlier run's results in a fixed ``dirpath`` (none when the folder is per run version)."""
+        if self.dirpath is None or not Path(self.dirpath).is_dir():
+            return []
+        names = sorted(p.name for p in Path(self.dirpath).iterdir()
+                       if p.name in (self.FILENAME, "last.ckpt") or p.name.startswith("step-"))
+        return names
+
+    def resumes_here(self, ckpt_path: Optional[str]) -> bool:
+        """Whether ``ckpt_path`` resumes from this folder's own checkpoint (``last`` or a file in ``dirpath``)."""
+        if ckpt_path is None or ckpt_path in ("best", "hpc", "registry") or self.dirpath is None:
+            return False
+        return ckpt_path == "last" or Path(ckpt_path).resolve().parent == Path(self.dirpath).resolve()
+
+    def check_fresh(self, ckpt_path: Optional[str]) -> None:
+        """Refuses (``ValueError``) to let a fit overwrite an earlier run's results, unless told to or resuming
+        from this folder's own ``last.ckpt``."""
+        found = self.earlier_results()
+        if not found or self.overwrite or self.resumes_here(ckpt_path):
+            return
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"wide_checkpoint.dirpath: {self.dirpath} already holds an earlier run's results ({shown}); "
+                         "pass --overwrite to replace them, --ckpt_path last to resume that run, or another "
+                         "--wide_checkpoint.dirpath")
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if self.dirpath is None:
@@ -73,6 +102,17 @@ class WideCheckpoint(ModelCheckpoint):
                                     extra={"model": pl_module.model_name, **getattr(pl_module, "checkpoint_extra", dict)()})
         trainer.strategy.barrier("wide_checkpoint")
         return path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        # `wide fit` checks before any compute (WideCLI); this is for Trainers built in Python, the first hook
+        # that knows the resume path, still before anything is written
+        self.check_fresh(trainer.ckpt_path)
+        if self.overwrite and not self.resumes_here(trainer.ckpt_path) and trainer.is_global_zero:
+            for name in self.earlier_results():  # no numbered copies of the earlier run left among the new ones
+                path = Path(self.dirpath) / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink()  # a sharded last.ckpt is a folder
+        trainer.strategy.barrier("wide_checkpoint_fresh")
+        super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step

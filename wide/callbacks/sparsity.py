@@ -10,6 +10,7 @@ import torch
 from torchmetrics import MeanMetric
 
 import wide
+from wide.callbacks.progress import is_last_step
 
 
 class SparsityMonitor(L.Callback):
@@ -23,7 +24,7 @@ class SparsityMonitor(L.Callback):
     Validation: the same per-layer rates averaged over the whole validation set (weighted by valid
     tokens, reduced across ranks), logged at epoch end. Every ``heatmap_every_n_steps`` a token × layer
     heatmap of the active fraction of one training sequence goes to the logger and to
-    ``<log_dir>/heatmaps/step_XXXXXX.png``.
+    ``<log_dir>/heatmaps/step_XXXXXX.png``, and one more at the last step of the run.
 
     Args:
         heatmap_every_n_steps: Heatmap cadence in optimizer steps (0: never).
@@ -47,8 +48,10 @@ class SparsityMonitor(L.Callback):
         if step % max(1, trainer.log_every_n_steps) == 0:
             self._log_rates(trainer, pl_module, stats, "train", batch["input_ids"].shape[0])
             self._histogram(trainer, stats, step)
-        if self.heatmap_every_n_steps and step % self.heatmap_every_n_steps == 0:
-            self._heatmap(trainer, stats, step)
+        # every run, however short, ends with one (its last step, or a stop request)
+        if self.heatmap_every_n_steps and (step % self.heatmap_every_n_steps == 0 or is_last_step(trainer)):
+            if not self.heatmaps or self.heatmaps[-1].name != f"step_{step:06d}.png":
+                self._heatmap(trainer, stats, step)
 
     def _log_rates(self, trainer: L.Trainer, pl_module, stats: "wide.SparsityStats", split: str,
                    batch_size: int) -> None:
@@ -74,6 +77,8 @@ class SparsityMonitor(L.Callback):
                 exp.add_histogram("sparsity/train/token_active_width", active.detach().float().cpu(), step)
 
     def _heatmap(self, trainer: L.Trainer, stats: "wide.SparsityStats", step: int) -> Optional[Path]:
+        # every rank reads trainer.log_dir: it broadcasts from rank 0 (a collective; rank 0 alone would hang)
+        folder = Path(trainer.log_dir or trainer.default_root_dir) / "heatmaps"
         if not trainer.is_global_zero:
             return None
         import matplotlib
@@ -92,7 +97,7 @@ class SparsityMonitor(L.Callback):
         ax.set_title(f"active width per token and layer, step {step}")
         fig.colorbar(im, ax=ax, label="active fraction")
         fig.tight_layout()
-        out = Path(trainer.log_dir or trainer.default_root_dir) / "heatmaps" / f"step_{step:06d}.png"
+        out = folder / f"step_{step:06d}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
         for logger in trainer.loggers:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from typing import Any, Optional
 
 import lightning as L
@@ -103,6 +104,7 @@ class WideTask(L.LightningModule):
         self.strict_loading = False  # resume checkpoints hold only the trained tensors
         self._preflight_done = False
         self._loss_path_logged = False
+        self._start_step: Optional[int] = None  # global step this fit started at (after a resume's restore)
 
     # ----------------------------------------------------------------------------------------- model
     def _backbone_dtype(self) -> torch.dtype:
@@ -117,6 +119,10 @@ class WideTask(L.LightningModule):
         from wide.assets import resolve_model
 
         path = resolve_model(self.model_name)
+        if not sys.stderr.isatty():  # no "Loading weights" bar redrawn with carriage returns into a log file
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=self._backbone_dtype(), attn_implementation=self.attn_implementation
         )
@@ -217,6 +223,23 @@ class WideTask(L.LightningModule):
         wide.modeling.runtime_of(self.model).set_noise(batch_seed(seed, self.current_epoch, batch_idx, -1),
                                                        rank=self.global_rank, world=world)
 
+    def on_train_start(self) -> None:
+        self._start_step = self.global_step
+
+    @property
+    def steps_this_run(self) -> int:
+        """Optimizer steps this fit took (0 before training starts; a resume's restored steps not counted)."""
+        return 0 if self._start_step is None or self._trainer is None else self.global_step - self._start_step
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Lightning validates every `val_check_interval` steps only, so a run shorter than that (or not a
+        # multiple of it) would end unvalidated; a stop request at the last step makes Lightning validate there
+        # (the stop itself changes nothing: the loop ends at this step anyway)
+        from wide.callbacks.progress import is_last_step
+
+        if is_last_step(self.trainer):
+            self.trainer.should_stop = True
+
     def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """Mean of ``values`` over data-parallel ranks (one all-reduce; identity on one process)."""
         trainer = self._trainer
@@ -252,7 +275,7 @@ class WideTask(L.LightningModule):
         from wide.callbacks.checkpoint import WideCheckpoint
 
         ckpt = next((c for c in self.trainer.callbacks if isinstance(c, WideCheckpoint)), None)
-        if ckpt is not None and ckpt.dirpath is not None:
+        if ckpt is not None and ckpt.dirpath is not None and ckpt.earlier_results():
             msg += (f". The last good files are kept in {ckpt.dirpath} ({ckpt.FILENAME}, last.ckpt); lower lr or "
                     "lam, or resume with --ckpt_path last")
         return msg

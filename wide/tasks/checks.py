@@ -62,8 +62,8 @@ def check_router_checkpoint(config, path: str) -> None:
                          fields=IDENTITY_FIELDS)
 
 
-def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
-    """The ``wide`` entry of a ``--ckpt_path`` file, loaded without unpickling code (``weights_only=True``).
+def read_resume_checkpoint(path: Any) -> Optional[dict[str, Any]]:
+    """A ``--ckpt_path`` file, memory-mapped and loaded without unpickling code (``weights_only=True``).
 
     ``None`` for Lightning's names (``last``, ...) and for paths that are not files (Lightning reports those).
     """
@@ -80,31 +80,77 @@ def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
         first = next((line for line in lines if "Unsupported global" in line), lines[0])
         raise ValueError(f"ckpt_path: {path} cannot be loaded as plain tensors (weights_only=True), so it is "
                          f"refused: {first}") from None
-    info = ckpt.get("wide") if isinstance(ckpt, dict) else None
-    if info is None:
+    if not isinstance(ckpt, dict) or ckpt.get("wide") is None:
         raise ValueError(f"ckpt_path: {path} is not a wide resume checkpoint (no 'wide' entry); pass a last.ckpt "
                          "written by WideCheckpoint")
-    return info
+    return ckpt
 
 
-def check_resume_file(path: Any, stage: str) -> None:
-    """A ``--ckpt_path`` file must be a wide resume checkpoint of the same stage, loadable without pickle."""
-    info = read_resume_file(path)
-    if info is not None and info.get("stage") != stage:
+def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
+    """The ``wide`` entry of a ``--ckpt_path`` file (see ``read_resume_checkpoint``), or ``None``."""
+    ckpt = read_resume_checkpoint(path)
+    return None if ckpt is None else ckpt["wide"]
+
+
+# Task settings a resumed run may change: how it computes, not what it trains (the model itself is compared
+# by identity: a moved folder is the same model)
+FREE_ON_RESUME = ("model", "router_checkpoint", "dtype", "attn_implementation", "gradient_checkpointing",
+                  "loss.backend", "loss.chunk_size", "routing.backend")
+
+
+def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(values, dict):
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            if not str(key).startswith("_"):  # LightningCLI's own entries (_class_path, _instantiator)
+                out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: values}
+
+
+def check_resume_settings(saved: dict[str, Any], have: dict[str, Any]) -> None:
+    """A resume continues the same run: every trained-for setting (routing, loss, lam, lr, ...) must match the
+    checkpoint's. LightningCLI would silently replace the given ones by the checkpoint's; name them instead."""
+    a, b = _flat(dict(saved)), _flat(dict(have))
+    free = tuple(FREE_ON_RESUME)
+    diffs = [f"{k}: checkpoint {a.get(k)!r} vs run {b.get(k)!r}" for k in sorted(set(a) | set(b))
+             if a.get(k) != b.get(k) and not k.startswith(free)]
+    if diffs:
+        raise ValueError("ckpt_path: the checkpoint was trained with other settings, and a resume continues the same "
+                         "run; " + "; ".join(diffs) + " (drop these overrides to resume, or start a new run)")
+
+
+def check_resume_file(path: Any, stage: str, hparams: Optional[dict[str, Any]] = None, config: Any = None) -> None:
+    """A ``--ckpt_path`` file must be a wide resume checkpoint of the same stage, settings and model shapes,
+    loadable without pickle."""
+    ckpt = read_resume_checkpoint(path)
+    if ckpt is None:
+        return
+    info = ckpt["wide"]
+    if info.get("stage") != stage:
         raise ValueError(
             f"ckpt_path: written by stage {info.get('stage')!r}, this run is stage {stage!r}; a resume checkpoint "
             "continues the same run (stage 2 starts from stage-1 routers via router_checkpoint)"
         )
+    if hparams is not None:
+        check_resume_settings(ckpt.get("hyper_parameters") or {}, hparams)
+    if config is not None and info.get("identity"):
+        import json
+
+        from wide.io.checkpoint import IDENTITY_FIELDS, check_identity_dicts, config_identity
+
+        check_identity_dicts(json.loads(info["identity"]), config_identity(config), where="ckpt_path",
+                             fields=IDENTITY_FIELDS)
 
 
 def preflight(task: Any, datamodule: Any = None, trainer: Any = None, ckpt_path: Any = None) -> None:
     """All checks for ``task`` (a ``WideTask``) with its datamodule and trainer; raises ``ValueError``."""
-    check_resume_file(ckpt_path, task.stage)
     if trainer is not None:
         from wide.distributed import check_strategy
 
         check_strategy(trainer.strategy)
     config = load_model_config(task.model_name)
+    check_resume_file(ckpt_path, task.stage, dict(task.hparams), config)
     check_routing(config, task.routing)
     hparams = getattr(datamodule, "hparams", None)
     check_seq_len(config, getattr(hparams, "seq_len", None), task.model_name)
