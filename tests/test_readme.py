@@ -168,7 +168,7 @@ def test_commands_run_in_order(workdir, capsys):
     assert [c[0] for c in cmds][:1] == ["fit"] and "export" in [c[0] for c in cmds]
     for argv in cmds:
         run_wide(argv)
-        if argv[:3] == ["fit", "--config", "recipes/smollm2-135m/calibrate.yaml"] and len(argv) == 3:
+        if argv[:3] == ["fit", "--config", "recipes/smollm2-135m/calibrate_cpu.yaml"] and len(argv) == 3:
             assert (workdir / "runs/smollm2-135m/calibrate/routers.safetensors").is_file()
     assert (workdir / "runs/smollm2-135m/lora/routers.safetensors").is_file()
     assert (workdir / "exported/smollm2-wide50/routers.safetensors").is_file()
