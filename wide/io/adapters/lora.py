@@ -6,7 +6,7 @@ import logging
 import re
 from typing import Any, Optional
 
-from wide.io.adapters import DEFAULT_LORA_ALPHA, Adapter, recorded_settings, register_adapter
+from wide.io.adapters.base import DEFAULT_LORA_ALPHA, Adapter, recorded_settings, register_adapter
 
 log = logging.getLogger(__name__)
 

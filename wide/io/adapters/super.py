@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from wide.io.adapters import Adapter, recorded_settings, register_adapter
+from wide.io.adapters.base import Adapter, recorded_settings, register_adapter
 
 SCORES = ("wanda", "magnitude")
 ADAPTER_NAME = "default"  # peft's adapter name, as ``inject_adapter_in_model`` gives it

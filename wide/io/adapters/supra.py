@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from wide.io.adapters import ADAPTERS, register_adapter, recorded_settings
+from wide.io.adapters.base import ADAPTERS, register_adapter, recorded_settings
 from wide.io.adapters.lora import lora_alpha, lora_rank_and_targets
 from wide.io.adapters.super import Super
 
