@@ -86,8 +86,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     from wide.assets.errors import AssetError
     from wide.lightning_cli import run_cli
+    from wide.trainer import quiet_lightning
 
-    _quiet_lightning()  # after the import: Lightning's own warning filters would come first
+    quiet_lightning()  # after the import: Lightning's own warning filters would come first
 
     try:
         run_cli(argv)
@@ -97,21 +98,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"wide {argv[0] if argv else ''}: error: {_summary(err)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _quiet_lightning() -> None:
-    """Drops two notices every run printed that no user acts on: LightningCLI's warning that ``args`` was given
-    with a command line (``main`` passes the command line itself) and Lightning's cloud-logging adverts."""
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter")
-
-    class _NoAdverts(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "💡 Tip:" not in str(record.msg)
-
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdverts())
 
 
 def _summary(err: BaseException) -> str:

@@ -92,7 +92,7 @@ _NOISE = (
 
 class _NoAdverts(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in str(record.msg)
+        return "Tip:" not in str(record.msg)  # Lightning's cloud-logging adverts
 
 
 def quiet_lightning() -> None:
