@@ -112,7 +112,7 @@ def agreement(pred, ref) -> tuple[float, float]:
     return same.float().mean().item(), first.float().mean().item()
 
 
-def load(args):
+def load_inputs(args):
     """``(base model, held-out sequences [N, prefix + steps], calibration sequences, config kwargs, checkpoint)``."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     need = args.prefix + args.steps
@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     if any(args.seqs % b for b in args.batches):
         raise SystemExit(f"--seqs: {args.seqs} must be a multiple of every --batches entry {args.batches}")
     t0 = time.time()
-    base, held, calib, cfg = load(args)
+    base, held, calib, cfg = load_inputs(args)
 
     per_token = build(base, cfg, "topk")
     label = "topk"

@@ -1,7 +1,30 @@
+import logging
+import sys
+
 import pytest
 import torch
 
 import wide  # noqa: F401  (registers routers and policies)
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of writing (the capture of the running test)."""
+
+    def write(self, text):
+        return sys.stderr.write(text)
+
+    def flush(self):
+        sys.stderr.flush()
+
+
+@pytest.fixture(autouse=True)
+def _lightning_logs_to_the_current_stderr():
+    """Lightning's log handler keeps the stderr of the moment Lightning was first imported (a collection-time
+    stream, or an earlier test's capture, closed after it: "--- Logging error ---", lines missing from capfd)."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        for handler in logging.getLogger(name).handlers:
+            if type(handler) is logging.StreamHandler and not isinstance(handler.stream, _CurrentStderr):
+                handler.stream = _CurrentStderr()  # not setStream: it flushes the old, maybe closed, stream
 
 
 def tiny_config(arch: str = "llama", **overrides):

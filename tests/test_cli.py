@@ -90,13 +90,6 @@ def test_fit_prints_no_adverts_and_reports_its_data(tmp_path, tiny_model_dir, ti
     i = argv.index("--trainer.logger")
     del argv[i:i + 2]  # the recipe's loggers: Lightning's cloud-logging advert came with them
     monkeypatch.setattr(sys, "argv", ["wide", *argv])  # as the console script runs: LightningCLI's args warning
-    # Lightning's own log handler keeps the stderr of the moment lightning.pytorch was first imported: when another
-    # test module imported it at collection, that is not the stream this test captures
-    import logging
-
-    for handler in logging.getLogger("lightning").handlers + logging.getLogger("lightning.pytorch").handlers:
-        if isinstance(handler, logging.StreamHandler):
-            monkeypatch.setattr(handler, "stream", sys.stderr)
     assert main(argv) == 0
     out, err = capfd.readouterr()
     text = out + err
