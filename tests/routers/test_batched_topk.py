@@ -5,6 +5,7 @@ import torch
 
 import wide
 from tests.conftest import tiny_model
+from tests.routers.test_contract import _decode_masks
 from wide.routers import BatchedTopKRouter, RouterSpec
 
 
@@ -80,16 +81,6 @@ def test_bad_settings_name_the_field():
             BatchedTopKRouter(RouterSpec("ffn", 0, 1, 4, 4, 8, 0.5, group_scores=lambda: torch.eye(4)), **kw)
     with pytest.raises(ValueError, match="^router: 'batched_topk'"):
         wide.apply_wide(tiny_model("llama"), wide.WideConfig(router="batched_topk", granularity="layer"))
-
-
-def _decode_masks(model, ids, new_tokens):
-    seen = []
-    hooks = [layer.mlp.register_forward_hook(lambda *_, wl=layer.wide: seen.append(dict(wl.group_mask)))
-             for layer in model.model.layers]
-    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-    for h in hooks:
-        h.remove()
-    return [m for m in seen if next(iter(m.values())).shape[1] == 1]
 
 
 def _read_skip(steps):

@@ -12,6 +12,11 @@ import os
 import torch
 
 
+def rows_and_out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host function's start: ``x [..., K]`` as rows ``[M, K]``, and the output ``[..., n]`` (``out`` or new)."""
+    return x.reshape(-1, x.shape[-1]), (out if out is not None else x.new_empty(*x.shape[:-1], n))
+
+
 def interpreting() -> bool:
     """Whether Triton runs through its CPU interpreter (``TRITON_INTERPRET=1``: the test suite's mode)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -19,7 +19,7 @@ from .. import dispatch
 from ..experts import ExpertLayout, expert_gemms, expert_layout, ffn_dense, ffn_path, grouped_mm_runs
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
-from .common import capturing, interpreting, programs
+from .common import capturing, interpreting, programs, rows_and_out
 
 
 @triton.jit
@@ -213,9 +213,8 @@ def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: st
         raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
     K = x.shape[-1]
     F_, N, G = gate.shape[0], down.shape[0], mask.shape[-1]
-    x2 = x.reshape(-1, K)
+    x2, out = rows_and_out(x, N, out)
     M = x2.shape[0]
-    out = out if out is not None else x.new_empty(*x.shape[:-1], N)
     if M == 0:
         return out
     plan = plan_for(mask, plan)

@@ -17,7 +17,7 @@ import triton
 
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
-from .common import GemmConfig, arrival_counters, capturing, for_element_size, interpreting, pow2_divisor
+from .common import GemmConfig, arrival_counters, capturing, for_element_size, interpreting, pow2_divisor, rows_and_out
 from .gemm_k_kernels import _gemm_k_kernel, _gemm_k_sorted_kernel, _mask_columns_kernel
 
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
@@ -117,9 +117,8 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
     K = x.shape[-1]
     N = weight.shape[0]
     ng = mask.shape[-1]
-    x2 = x.reshape(-1, K)
+    x2, out = rows_and_out(x, N, out)
     M = x2.shape[0]
-    out = out if out is not None else x.new_empty(*x.shape[:-1], N)
     if M == 0:
         return out
     plan = plan_for(mask, plan)

@@ -19,7 +19,7 @@ import triton
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
 from .common import (GemmConfig, arrival_counters, capturing, for_element_size, interpreting, pow2_divisor,
-                     programs)
+                     programs, rows_and_out)
 from .gemm_mn_kernels import (_gemm_mn_direct_kernel, _gemm_mn_perm_kernel, _gemm_mn_tiles_kernel,
                               _mask_epilogue_kernel)
 
@@ -108,9 +108,8 @@ def gemm_mn(x, weight, weight2, mask, bias, activation, swiglu: bool, plan: Rout
     N = weight.shape[0]
     ng = mask.shape[-1]
     group = N // ng
-    x2 = x.reshape(-1, K)
+    x2, out = rows_and_out(x, N, out)
     M = x2.shape[0]
-    out = out if out is not None else x.new_empty(*x.shape[:-1], N)
     out2 = out.view(-1, N)
     if M == 0:
         return out
