@@ -25,7 +25,11 @@ mkdir -p "$OUT" /tmp/logs /tmp/res
 export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=${WIDE_CACHE:-/tmp/wcache} TOKENIZERS_PARALLELISM=false
 W="python3 -m wide.cli"
-detach() { setsid nohup bash "$0" "_$1" > "/tmp/logs/$1.log" 2>&1 < /dev/null & echo "started $1"; }
+# a detached job runs from its own copy of the tree: a later call re-copies the working tree under it (a grid cell
+# lost its recipe file that way on 2026-12-02)
+detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
+  | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
+  > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
 case "$1" in
 wheels)  # run here, not on the device
@@ -44,7 +48,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench) detach "$1" ;;
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -80,6 +84,26 @@ _bench)
   python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   echo BENCH_DONE
+  ;;
+_prefill25)
+  # issue 25's A/Bs: the kernel table's gemm_mn rows with and without the persistent kernel and their config sweep,
+  # then end-to-end prefill with FFN groups of 1024 / 2048 as experts (ffn_experts=1) and per tile (=0); GPU tests
+  # of kernels / io / generation last (not timing-sensitive, PREFILL25_TESTS="" skips them)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  for o in persistent_mn=1 persistent_mn=0; do
+    python3 benchmarks/kernels.py --quick --ops gemm_mn,swiglu --kernel-option $o --json /tmp/res/kernels_mn_${o#*=}.json \
+      --md /tmp/res/kernels_mn_${o#*=}.md > /tmp/res/kernels_mn_${o#*=}.log 2>&1; done
+  python3 benchmarks/prefill_gemm_sweep.py --m 4096 16384 --ops up_proj --wide > /tmp/res/sweep_up_proj.txt 2>&1
+  for g in 1024 2048; do for e in 1 0; do
+    $W bench --fuse-glue --ffn-group-size $g --prefill 4096 16384 --sparsity 0 0.5 --decode-batch \
+      --kernel-option ffn_experts=$e --json /tmp/res/bench_g${g}_e$e.json > /tmp/res/bench_g${g}_e$e.md 2>&1; done; done
+  python3 benchmarks/experts.py --json /tmp/res/experts.json > /tmp/res/experts.txt 2>&1
+  echo PREFILL25_TIMED
+  [ -n "${PREFILL25_TESTS-tests/kernels tests/io tests/modeling/test_generate.py tests/test_deploy.py}" ] && \
+    timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider ${PREFILL25_TESTS-tests/kernels tests/io tests/modeling/test_generate.py tests/test_deploy.py} \
+    > /tmp/res/gpu_tests_full.txt 2>&1; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  echo PREFILL25_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
@@ -182,7 +206,7 @@ _realbench)
   ck=$(python3 -c '
 import glob
 from wide.io.checkpoint import read_metadata
-for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors")):
+for p in sorted(glob.glob("/tmp/tree_qwen/runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors")):
     meta = read_metadata(p)
     c = meta["wide_config"]
     if meta.get("stage") == "calibrate" and c.granularity == "width" and c.router == "lowrank":
@@ -198,11 +222,11 @@ for p in sorted(glob.glob("runs/quality/qwen2.5-1.5b/fits/*/routers.safetensors"
 status)
   for f in /tmp/logs/*.log; do echo "=== $f"; tail -n ${TAIL:-6} $f; done
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
-  for f in runs/quality/*/cells/*/eval.log; do [ -f "$f" ] && echo "$f: $(tail -c 200 $f | tr '\r' '\n' | tail -1)"; done 2>/dev/null | tail -20
+  for f in /tmp/tree_*/runs/*/*/cells/*/eval.log; do [ -f "$f" ] && echo "$f: $(tail -c 200 $f | tr '\r' '\n' | tail -1)"; done 2>/dev/null | tail -20
   mkdir -p /tmp/res/logs && cp /tmp/logs/*.log /tmp/res/logs/ 2>/dev/null
   # finished cells so far (a grid cut short still leaves its per-cell results)
   # (a failed cell leaves its logs: every cell's and fit's *.log travels, tails only)
-  for c in runs/quality/*/cells/*/ runs/quality/*/fits/*/; do
+  for c in /tmp/tree_*/runs/*/*/cells/*/ /tmp/tree_*/runs/*/*/fits/*/; do
     d=/tmp/res/cells/$(basename $(dirname $(dirname $c)))/$(basename $c); mkdir -p $d
     for f in $c*.log; do [ -f "$f" ] && tail -c 20000 "$f" > $d/$(basename "$f"); done
     cp $c/result.json $c/cell.json $c/error.txt $c/eval/results.json $d/ 2>/dev/null; done

@@ -10,6 +10,7 @@ torch reference; a config the shape or the GPU does not take prints its error.
 
     PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py              # H200: ~3 min (most of it compiling)
     PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py --m 16384 --ops gate_up
+    PYTHONPATH=. python3 benchmarks/prefill_gemm_sweep.py --m 4096 16384 --ops up_proj --wide   # the kernel table's gemm_mn rows
 """
 import itertools
 import sys
@@ -25,15 +26,19 @@ from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
 DT, DEV = torch.bfloat16, "cuda"
-SHAPES = {"q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128)}  # (op, N, K, group)
+# (op, N, K, group); up_proj is the kernel table's gemm_mn row (one [14336, 4096] weight, groups of 128)
+SHAPES = {"q_proj": ("gemm_mn", 4096, 4096, 512), "gate_up": ("swiglu", 14336, 4096, 128),
+          "up_proj": ("gemm_mn", 14336, 4096, 128)}
 
 
-def candidates(op: str, wide: bool) -> list:
+def candidates(op: str, group: int, wide: bool) -> list:
     P = lambda *a, **k: ("perm", C(*a, persistent=k.pop("persistent", 1), **k))  # noqa: E731
     out = [None] + [P(128, 128, 64, 8, st) for st in (3, 4)]
-    if op == "gemm_mn":  # q's groups (4 heads of 128) take 256-wide tiles
+    if op == "gemm_mn":
+        out += [P(256, 128, 64, 8, 3)]
+    if op == "gemm_mn" and group >= 256:  # q's groups (4 heads of 128) take 256-wide tiles
         out += [P(128, 256, 64, 8, st) for st in (3, 4)]
-        out += [P(256, 128, 64, 8, 3), P(64, 256, 64, 4, 3, persistent=2)]
+        out += [P(64, 256, 64, 4, 3, persistent=2)]
     if wide:  # one program per tile (the kernel before the persistent one), and other tile depths
         out += [("perm", C(bm, 128, 64, 8, st)) for bm in (128, 256) for st in (3, 4)]
         out += [P(128, 128, bk, 8, st) for bk, st in ((32, 4), (128, 2))]
@@ -69,7 +74,7 @@ def main(argv=None):
             plan = make_plan(mask).materialize(flat=True)
             ref = rb.swiglu(x, w, w2, mask) if op == "swiglu" else rb.gemm_mn(x, w, mask)
             results = []
-            for cfg in candidates(op, args.wide):
+            for cfg in candidates(op, group, args.wide):
                 def setup(cfg=cfg):
                     if op == "swiglu":
                         fn = lambda: tb.swiglu(x, w, w2, mask, plan=plan, config=cfg)  # noqa: E731
