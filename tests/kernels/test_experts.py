@@ -223,6 +223,7 @@ def test_path_choice(monkeypatch):
     assert ffn_path(4096, 1024, plan, eager=True) == "experts"
     assert ffn_path(4096, 1024, plan, eager=False) == "tiles"  # no hint, no host read allowed
     assert ffn_path(4096, 128, hinted, eager=True) == "tiles"  # narrow groups: per-tile
+    assert ffn_path(4096, 512, hinted, eager=True) == "tiles"  # 512 lost to the per-tile path on the H200
     assert ffn_path(16, 1024, hinted, eager=True) == "tiles"  # decode
     assert ffn_path(4096, 1024, hinted, eager=True, enabled=False) == "tiles"  # KernelOptions(ffn_experts=False)
     assert ffn_path(4096, 1024, make_plan(mask, density_hint=0.95), eager=True) == "tiles"
@@ -236,13 +237,13 @@ def test_path_choice(monkeypatch):
     monkeypatch.setattr(host, "combine", lambda *a: seen.append(a) or a[2])
     x, gate, up, down, mask = _problem(64, 32, 2, torch.float32)
     _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
-    assert len(seen) == 0  # off by default (KernelOptions.ffn_experts)
-    with use_kernel_options(ffn_experts=True):
-        _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
-    assert len(seen) == 1
+    assert len(seen) == 1  # on by default (KernelOptions.ffn_experts)
     with use_kernel_options(ffn_experts=False):
         _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
     assert len(seen) == 1
+    with use_kernel_options(ffn_experts=True):
+        _run(x, gate, up, down, mask, plan=make_plan(mask, density_hint=0.5))
+    assert len(seen) == 2
 
 
 def test_bad_shapes_name_the_argument():

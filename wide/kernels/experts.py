@@ -27,8 +27,11 @@ import torch.nn.functional as F
 
 from .plan import RoutingPlan
 
-# groups at least this wide run as experts (prefill); narrower ones keep the per-tile swiglu + gemm_k path
-EXPERT_MIN_GROUP = 512
+# groups at least this wide run as experts (prefill); narrower ones keep the per-tile swiglu + gemm_k path.
+# H200 2026-12-02 (benchmarks/experts.py, 8B FFN, 50%, per call with plan / layout): groups of 512 lose to the
+# per-tile path (1.31x vs 1.35x at M=4096, 1.38x vs 1.41x at 16384); 1024 tie at 4096 (1.49x vs 1.47x) and win at
+# 16384 (1.65x vs 1.44x); 2048 win (1.65x vs 1.40x at 4096)
+EXPERT_MIN_GROUP = 1024
 # prefill-sized calls only: below this M the per-group GEMMs get skinny and the per-tile / decode kernels fit.
 # Measured at M=4096 (H200, outside the project: grouped down 1.36/1.59/1.93x and gate+up 1.76/1.83/2.21x
 # faster than dense at groups of 512/1024/2048, 50%); 2048 is a guess between that and decode, to be swept

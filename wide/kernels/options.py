@@ -28,12 +28,11 @@ class KernelOptions:
     """Decode attention with many (row, KV head) pairs combines its key splits in the last split program
     (``AttentionConfig.fold``); ``False`` keeps the second launch."""
 
-    ffn_experts: bool = False
-    """Prefill-sized routed FFNs with groups of >= 512 channels run as experts (grouped GEMMs + a fixed-order
-    combine, `wide.kernels.ffn_experts`); ``False`` (the default) keeps the per-tile swiglu + gemm_k path. Off by
-    default because it does not pay end to end yet: on the H200 (8B shape, FFN groups of 1024, 50%) the 4k prefill
-    was 86.3 ms with it against 72.1 ms per-tile (2026-12-02, benchmarks/results/2026-12-02-h200-experts): building
-    the expert layout costs more than the grouped GEMMs save."""
+    ffn_experts: bool = True
+    """Prefill-sized routed FFNs with groups of >= 1024 channels run as experts (grouped GEMMs + a fixed-order
+    combine, `wide.kernels.ffn_experts`); ``False`` keeps the per-tile swiglu + gemm_k path. End to end on the H200
+    (8B shape, 50%, 2026-12-02, benchmarks/results/2026-12-02b-h200): FFN groups of 2048 1.50x / 1.53x at 4k / 16k
+    prefill against 1.38x / 1.44x per tile; 1024 1.40x / 1.49x against 1.39x / 1.43x; 0% 0.98x / 0.99x."""
 
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""

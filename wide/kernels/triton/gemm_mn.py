@@ -82,9 +82,13 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool,
         # 50% random masks, us at M = 1024 / 4096 / 16384 against the one-program-per-tile kernel: gate/up 242 / 860
         # / 3715 vs 276 / 984 / 3855 (cuBLAS with every group: 357 / 1478 / 5832); q (groups of 512: 256-wide
         # tiles) 53 / 147 / 480 vs 105 / 177 / 537 (cuBLAS 49 / 177 / 837). All groups on, gate/up runs at
-        # 0.90-0.92 of cuBLAS's rate at 1024 / 4096 (0.81 at 16384)
+        # 0.90-0.92 of cuBLAS's rate at 1024 / 4096 (0.81 at 16384). A single weight with 128-wide groups (the
+        # kernel table's [14336, 4096] row) takes 256-row tiles: 2026-12-02 sweep (`--ops up_proj --wide`), 50%,
+        # 448 / 1861 us at M = 4096 / 16384 against 552 / 2571 with 128-row ones (the 2026-12-01 default, which
+        # had cost that row 1.40x -> 1.24x) and 498 / 2030 one program per tile
         bn = 128 if swiglu else pow2_divisor(group, 256)
-        return "perm", GemmConfig(128, bn, 64, num_warps=8, num_stages=3, persistent=1)
+        bm = 256 if not swiglu and bn == 128 else 128
+        return "perm", GemmConfig(bm, bn, 64, num_warps=8, num_stages=3, persistent=1)
     bm = 256 if M >= 4096 and not swiglu else 128  # run 2: 496 us vs 516 us at M=4096
     return "perm", GemmConfig(bm, pow2_divisor(group, 128), 64, num_warps=8, num_stages=3)
 
