@@ -1,6 +1,7 @@
 """`wide export` (checkpoint -> routed model folder) and `wide generate` (text from that folder)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path,
         if tok.eos_token_id in want:
             want = want[: want.index(tok.eos_token_id) + 1]
         assert r["new_tokens"] == len(want) and r["completion"] == tok.decode(want, skip_special_tokens=True)
-        assert set(r["skipped"]) == {"attn", "ffn", "by_weight"} and 0 < r["skipped"]["by_weight"] < 1
+        assert set(r["skipped"]) == {"attn", "ffn", "total", "by_weight"} and 0 < r["skipped"]["by_weight"] < 1
         assert r["tokens_per_s"] > 0
     assert "of routed weights]" in io.out
 
@@ -104,11 +105,47 @@ def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path,
     ([], "prompt"),
     (["--prompt-file", "/no/such/file"], "prompt-file"),
     (["--prompt", "x", "--chat"], "chat"),
+    (["--compare"], "prompt"),
+    (["--compare", "--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens"),
 ])
 def test_generate_bad_input_names_the_field(exported, capsys, args, field):
     capsys.readouterr()
     assert main(["generate", str(exported), "--device", "cpu", *args]) == 2
-    assert f"error: {field}" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"error: {field}" in err[0]
+
+
+def test_generate_compare_prints_and_writes_both_sides(exported, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    capsys.readouterr()
+    js = tmp_path / "cmp.json"
+    rc = main(["generate", str(exported), "--prompt", "the cat sat on", "--prompt", "a dog ran", "--max-new-tokens", "5",
+               "--device", "cpu", "--compare", "--json", str(js)])
+    io = capsys.readouterr()
+    assert rc == 0, io.err
+    assert "on cpu (float32, eager, no CUDA graphs)" in io.out and "untimed warm-up" in io.out
+    for side in ("dense", "routed"):
+        assert re.search(rf"^{side}: +[0-9.]+ tokens/s \(10 tokens in ", io.out, re.M), io.out
+    assert re.search(r"^routed/dense: [0-9.]+x; skipped attn .*kinds averaged.* of routed weights$", io.out, re.M)
+    assert re.search(r"^greedy tokens agree \d+/10 \(\d of 2 prompt\(s\) identical\)$", io.out, re.M)
+    assert io.out.count("tokens/s, routed ") == 2 and "### a dog ran" in io.out
+    got = json.loads(js.read_text())
+    assert got["device"] == "cpu" and got["dtype"] == "float32" and got["graphs"] is False
+    assert set(got["total"]) >= {"dense_tokens_per_s", "routed_tokens_per_s", "ratio", "skipped", "matching"}
+    tok = AutoTokenizer.from_pretrained(exported)
+    plain = AutoModelForCausalLM.from_pretrained(exported).eval()  # the folder's backbone, never routed
+    routed = wide.load(exported)
+    for rec in got["records"]:
+        d, r = rec["dense"], rec["routed"]
+        assert d["new_tokens"] == r["new_tokens"] == 5 and d["tokens_per_s"] > 0 and r["tokens_per_s"] > 0
+        ids = torch.tensor([tok(rec["prompt"])["input_ids"]])
+        assert d["tokens"][0] == wide.generate(plain, ids, max_new_tokens=5)[0, ids.shape[1]:].tolist()
+        assert r["tokens"][0] == wide.generate(routed, ids, max_new_tokens=5)[0, ids.shape[1]:].tolist()
+        assert rec["ratio"] == pytest.approx(r["tokens_per_s"] / d["tokens_per_s"])
+        assert set(rec["skipped"]) == {"attn", "ffn", "total", "by_weight"} and 0 < rec["skipped"]["by_weight"] < 1
+        assert isinstance(r["completion"], str) and isinstance(d["completion"], str)
+        assert 0 <= rec["matching"] <= 5 and (rec["first_divergence"] is None) == (rec["matching"] == 5)
 
 
 @pytest.mark.gpu

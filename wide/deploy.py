@@ -7,7 +7,8 @@ destination and renamed into place, so a failure leaves no half-written folder a
 ``wide generate`` restores such a folder with `wide.load` (routed kernels on) and continues prompts greedily
 through one `wide.Generator` (on CUDA: chunks and decode steps replayed from CUDA graphs kept across prompts),
 printing each completion with its speed and the share of routed weights the model skipped on that text (one
-extra eager forward over prompt and completion).
+extra eager forward over prompt and completion). With ``--compare`` every prompt also runs through the dense
+backbone (the same model with routing off, `wide.Generator.compare`), and both sides' tokens/s are printed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ GENERATE_EPILOG = """\
 examples:
   wide generate exported/smollm2-wide50 --prompt "The capital of France is" --max-new-tokens 32
   wide generate exported/smollm2-wide50 --chat --prompt "Name three primes." --json out.json
+  wide generate exported/smollm2-wide50 --prompt-file prompts.txt --max-new-tokens 128 --compare
 """
 
 
@@ -110,6 +112,11 @@ def generate_parser() -> argparse.ArgumentParser:
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--backend", default=None, help="kernel backend: auto, torch, gather, triton (default: the folder's)")
     p.add_argument("--no-graphs", action="store_true", help="run every forward eagerly (no CUDA graphs)")
+    p.add_argument("--compare", action="store_true",
+                   help="also run every prompt through the dense backbone (this model with routing off: HF's own "
+                        "layers, same dtype and graph setting) and print tokens/s of both sides, routed/dense, the "
+                        "skipped share and how far the greedy tokens agree; both sides decode exactly "
+                        "--max-new-tokens tokens (EOS ignored), timed after one untimed warm-up run of every prompt")
     p.add_argument("--json", default=None, help="also write the completions and numbers here")
     return p
 
@@ -136,20 +143,6 @@ def _check_folder(path: Path) -> None:
             raise ValueError(f"model: {path} has no {name}; write it with `wide export` (or wide.export)")
     if not any((path / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise ValueError(f"model: {path} holds no tokenizer; export with one (`wide export` saves it)")
-
-
-def skipped_share(model, ids) -> dict[str, float]:
-    """Realized skip rates of one eager forward over ``ids``: per kind and by routed weight."""
-    import torch
-
-    import wide
-
-    with torch.inference_mode():
-        model(input_ids=ids, use_cache=False)
-    stats = wide.sparsity_stats(model)
-    out = {kind: float(stats.realized(kind)) for kind in stats.kinds}
-    out["by_weight"] = float(stats.realized_by_weight())
-    return out
 
 
 def generate_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -187,35 +180,53 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
         # chunks pay off only replayed from graphs; eagerly one forward is faster
         gen = wide.Generator(model, batch_size=1, max_cache_len=cache,
                              chunk=None if args.no_graphs else DEFAULT_CHUNKS, graphs=not args.no_graphs)
-        records = []
-        for prompt, p_ids in zip(prompts, ids):
-            x = torch.tensor([p_ids], device=dev)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            y = gen.generate(x, max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            wall = time.perf_counter() - t0
-            new = y[0, x.shape[1]:].tolist()
-            if tok.eos_token_id is not None and tok.eos_token_id in new:
-                new = new[: new.index(tok.eos_token_id) + 1]
-            rec = {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new),
-                   "completion": tok.decode(new, skip_special_tokens=True), "wall_s": wall,
-                   "tokens_per_s": len(new) / wall if wall > 0 else None,
-                   "skipped": skipped_share(model, y[:, : x.shape[1] + len(new)])}
-            records.append(rec)
-            _print(rec)
+        extra = {}
+        if args.compare:
+            result = gen.compare([torch.tensor([i], device=dev) for i in ids], max_new_tokens=args.max_new_tokens)
+            records = _compare_records(tok, prompts, result)
+            print(_compare_summary(result))
+            extra["total"] = result.to_dict()["total"]
+        else:
+            records = []
+            for prompt, p_ids in zip(prompts, ids):
+                records.append(_generate_one(gen, tok, prompt, torch.tensor([p_ids], device=dev), args.max_new_tokens))
+                _print(records[-1])
     except ValueError as err:
         print(f"wide generate: error: {err}", file=sys.stderr)
         return 2
-    note = "" if args.no_graphs else " (the first prompt's time includes compiling kernels and capturing graphs)"
-    print(f"wide generate: {len(records)} prompt(s) on {dev} ({str(model.dtype).removeprefix('torch.')}, "
-          f"target sparsity {model.wide_config.sparsity}){note}", file=sys.stderr)
+    dtype = str(model.dtype).removeprefix("torch.")
+    note = "" if args.no_graphs or args.compare else \
+        " (the first prompt's time includes compiling kernels and capturing graphs)"
+    print(f"wide generate: {len(records)} prompt(s) on {dev} ({dtype}, target sparsity {model.wide_config.sparsity})"
+          f"{note}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": str(folder), "device": str(dev), "records": records,
+        Path(args.json).write_text(json.dumps({"model": str(folder), "device": str(dev), "dtype": dtype,
+                                               "graphs": gen.graphs, "records": records, **extra,
                                                "command": ["wide", "generate", *argv]}, indent=2))
     return 0
+
+
+def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, Any]:
+    """One prompt ``x [1, T]`` through ``gen``, timed, up to its first EOS; its record."""
+    import torch
+
+    from wide.modeling.compare import skipped_share
+
+    dev = x.device
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    y = gen.generate(x, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    wall = time.perf_counter() - t0
+    new = y[0, x.shape[1]:].tolist()
+    if tok.eos_token_id is not None and tok.eos_token_id in new:
+        new = new[: new.index(tok.eos_token_id) + 1]
+    return {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new),
+            "completion": tok.decode(new, skip_special_tokens=True), "wall_s": wall,
+            "tokens_per_s": len(new) / wall if wall > 0 else None,
+            "skipped": skipped_share(gen.model, y[:, : x.shape[1] + len(new)])}
 
 
 def _encode(tok, prompt: str, chat: bool) -> list[int]:
@@ -225,10 +236,56 @@ def _encode(tok, prompt: str, chat: bool) -> list[int]:
     return tok(prompt)["input_ids"]
 
 
+def _skipped(sk: dict[str, float]) -> str:
+    kinds = ", ".join(f"{k} {v:.1%}" for k, v in sk.items() if k not in ("total", "by_weight"))
+    return f"skipped {kinds}, {sk['total']:.1%} kinds averaged, {sk['by_weight']:.1%} of routed weights"
+
+
 def _print(rec: dict[str, Any]) -> None:
-    sk = rec["skipped"]
-    kinds = ", ".join(f"{k} {v:.1%}" for k, v in sk.items() if k != "by_weight")
     speed = f"{rec['tokens_per_s']:.1f} tokens/s" if rec["tokens_per_s"] else "-"
     print(f"### {rec['prompt']}\n{rec['completion']}\n"
           f"[{rec['prompt_tokens']} prompt + {rec['new_tokens']} new tokens, {rec['wall_s'] * 1e3:.0f} ms, {speed}; "
-          f"skipped {kinds}, {sk['by_weight']:.1%} of routed weights]\n")
+          f"{_skipped(rec['skipped'])}]\n")
+
+
+def _text(tok, tokens: list[int]) -> str:
+    """The completion as text, up to its first EOS (``--compare`` decodes past it)."""
+    if tok.eos_token_id is not None and tok.eos_token_id in tokens:
+        tokens = tokens[: tokens.index(tok.eos_token_id) + 1]
+    return tok.decode(tokens, skip_special_tokens=True)
+
+
+def _compare_records(tok, prompts: list[str], result) -> list[dict[str, Any]]:
+    """``--compare``: one record per prompt (printed as it is made) from `wide.Generator.compare`'s result."""
+    records = []
+    for prompt, pc in zip(prompts, result.prompts):
+        rec = {"prompt": prompt, **pc.to_dict()}
+        for side in ("dense", "routed"):
+            rec[side]["completion"] = _text(tok, rec[side]["tokens"][0])
+        records.append(rec)
+        d, r = rec["dense"], rec["routed"]
+        first = rec["first_divergence"]
+        dense_text, where = ("", "identical") if first is None else \
+            (f"dense: {d['completion']}\n", f"first divergence at new token {first}")
+        print(f"### {prompt}\n{r['completion']}\n{dense_text}"
+              f"[{rec['prompt_tokens']} prompt + {r['new_tokens']} new tokens per side; dense "
+              f"{d['tokens_per_s']:.1f} tokens/s, routed {r['tokens_per_s']:.1f} tokens/s, routed/dense "
+              f"{rec['ratio']:.2f}x; {_skipped(rec['skipped'])}; greedy tokens agree {rec['matching']}/"
+              f"{r['new_tokens']} ({where})]\n")
+    return records
+
+
+def _compare_summary(result) -> str:
+    """``--compare``: the totals over every prompt, and what both sides ran under."""
+    graphs = "CUDA graphs" if result.graphs else "eager, no CUDA graphs"
+    same = sum(p.first_divergence is None for p in result.prompts)
+    n, lines = result.new_tokens, []
+    lines.append(f"dense vs routed: {len(result.prompts)} prompt(s) on {result.device} ({result.dtype}, {graphs}); "
+                 f"each side {result.max_new_tokens} new tokens per prompt (EOS ignored), greedy, timed after one "
+                 "untimed warm-up run of every prompt; dense = the same model with routing off")
+    for side in ("dense", "routed"):
+        wall = sum(getattr(p, side).wall_s for p in result.prompts)
+        lines.append(f"{side + ':':8}{result.tokens_per_s(side):.1f} tokens/s ({n} tokens in {wall:.2f} s)")
+    lines.append(f"routed/dense: {result.ratio:.2f}x; {_skipped(result.skipped)}")
+    lines.append(f"greedy tokens agree {result.matching}/{n} ({same} of {len(result.prompts)} prompt(s) identical)")
+    return "\n".join(lines)

@@ -229,6 +229,35 @@ class Generator:
             rest, room = rest - out[-1], room - out[-1]
         return out
 
+    def compare(self, prompts: Sequence[torch.Tensor], *, max_new_tokens: int, warmup: bool = True):
+        """Tokens/s of the routed model against its dense backbone on the same prompts, greedy.
+
+        The dense side is this model with routing off (every group runs HF's own ops on the same weights) in a
+        `Generator` of its own with this one's sizes and graph setting; both sides decode exactly
+        ``max_new_tokens`` tokens (EOS ignored) and, with ``warmup``, first run each prompt untimed (which captures
+        the graphs). See `wide.modeling.compare`.
+
+        Args:
+            prompts: ``[batch_size, T]`` int64 prompts (unpadded) on the model's device; ``T`` may differ between them.
+            max_new_tokens: Tokens each side adds per row.
+            warmup: Run every prompt on each side once, untimed, before timing.
+
+        Returns:
+            A `wide.modeling.compare.GenerationComparison`: per prompt, both sides' tokens and seconds, the routed
+            model's realized skip rates and how far the greedy tokens agree; totals; ``.to_dict()`` for JSON.
+        """
+        from wide.modeling.compare import compare_generation
+
+        return compare_generation(self, prompts, max_new_tokens, warmup=warmup)
+
+    def _dense_twin(self) -> "Generator":
+        """The `Generator` `compare` runs the dense side through (made once, so its graphs are kept too)."""
+        twin = getattr(self, "_dense", None)
+        if twin is None:
+            twin = self._dense = Generator(self.model, batch_size=self.batch_size, max_cache_len=self.max_cache_len,
+                                           chunk=self.sizes or None, whole_from=DENSE_WHOLE_FROM, graphs=self.graphs)
+        return twin
+
     # ---- forwards -------------------------------------------------------------------------------
 
     def _chunk_forward(self, c: _Chunk) -> torch.Tensor:
