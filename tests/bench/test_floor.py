@@ -106,3 +106,12 @@ def test_step_masks_are_the_last_decode_steps():
     got = decode_step_bytes(StepShape.of(model), 2, 7, masks, router_bytes(model))
     dense = decode_step_bytes(StepShape.of(model), 2, 7)
     assert got["router"] > 0 and got["weights"] < dense["weights"] + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_measured_bandwidth_is_a_device_memory_rate():
+    """On a GPU: both measures come back, in the range of device memory (H200: ~4.8 TB/s peak)."""
+    got = measure_bandwidth("cuda", gib=1.0, iters=3)
+    assert got["bandwidth"] == max(got["copy"], got["read"])
+    assert 1e11 < got["copy"] < 2e13 and 1e11 < got["read"] < 2e13

@@ -120,6 +120,11 @@ def measure_bandwidth(device, gib: float = 2.0, iters: int = 10) -> Optional[dic
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
+    with torch.cuda.device(device):  # the events time the current stream of the measured device
+        return _measure(device, gib, iters)
+
+
+def _measure(device: torch.device, gib: float, iters: int) -> dict:
     n = int(gib * 2 ** 30) // 4
     x = torch.ones(n, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
