@@ -60,6 +60,8 @@ def run_latency(args, bandwidth: Optional[dict] = None) -> list[dict]:
         dense[("decode", b, args.context)] = (ms, best, floor_fields("dense", decode_step_bytes(shape, b, keys), ms,
                                                                      bandwidth))
         dense_variants[b] = times
+    if args.dense_compile:
+        torch._dynamo.reset()  # drops the compiled dense steps (and what their guards hold) before routing
 
     if args.checkpoint:
         from wide.io.checkpoint import load_trained, read_metadata
