@@ -29,6 +29,20 @@ def test_bench_runs_and_writes_json(tmp_path, tiny_model_dir, capsys):
     assert "dense/routed" in out and "| realized | by weight |" in out
     # the random router skips every kind at the same rate: by weight is the same rate
     assert abs(half["realized_by_weight"] - half["realized"]) < 0.15
+    # bandwidth floors: the bytes each side reads a step; no bandwidth off CUDA, so no floors, and the report says so
+    assert json.loads((tmp_path / "bench.json").read_text())["bandwidth"] is None
+    assert "no floors: the device bandwidth is measured on CUDA only" in out and "| n/a | n/a |" in out
+    for r in rows:
+        if r["phase"] == "decode":
+            assert r["dense_floor_ms"] is None and r["routed_floor_ms"] is None and r["routed_of_floor"] is None
+            assert r["dense_bytes"]["router"] == 0 and r["routed_bytes"]["router"] == 0  # random routers: no weights
+            if r["sparsity"] == 0:  # every group runs: the routed step reads what the dense one does
+                assert r["routed_bytes"] == r["dense_bytes"]
+            elif r["routing"] == "coherent" or r["batch"] == 1:  # one mask for the batch: half the routed groups
+                assert r["routed_bytes"]["total"] < r["dense_bytes"]["total"]
+            assert r["dense_variant"] == r["mode"].split("dense ")[1].split(" / routed")[0]
+        else:
+            assert "dense_floor_ms" not in r
 
 
 def test_bench_calibrates_untrained_lowrank_routers_to_each_rate(tmp_path, tiny_model_dir):
@@ -71,6 +85,39 @@ def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     rows = json.loads(out.read_text())["rows"]
     assert {r["sparsity"] for r in rows} == {0.4} and len(rows) == 2
     assert 0.0 <= rows[0]["realized"] <= 1.0 and all(r["routed_ms"] > 0 for r in rows)
+
+
+def test_bench_decodes_a_real_shape_with_trained_routers_at_batch_1_4_16(tmp_path):
+    """The issue's rows: ``--checkpoint ... --decode-batch 1 4 16 --prefill`` (no prefill rows) on a SmolLM2-like
+    shape (3 query heads per KV head in one routing group, tied embeddings, FFN groups of 64): a decode row per
+    batch and routing, each with both sides' bytes a step; the routed side also reads its low-rank routers."""
+    from transformers import AutoModelForCausalLM
+
+    import wide
+    from tests.conftest import tiny_config
+    from wide.io.checkpoint import save_trained
+
+    folder = tmp_path / "smol"
+    AutoModelForCausalLM.from_config(tiny_config("llama", num_attention_heads=9, num_key_value_heads=3,
+                                                 hidden_size=72, head_dim=8, intermediate_size=192,
+                                                 num_hidden_layers=2, tie_word_embeddings=True)).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    cfg = wide.WideConfig(sparsity=0.5, attn_group_size=3, ffn_group_size=64, router="lowrank", router_rank=8)
+    wide.apply_wide(model, cfg)
+    save_trained(model, tmp_path / "routers.safetensors", config=cfg, stage="calibrate")
+    out = tmp_path / "bench.json"
+    bench_main(["--model", str(folder), "--checkpoint", str(tmp_path / "routers.safetensors"), "--decode-batch", "1",
+                "4", "16", "--prefill", "--coherent", "--context", "8", "--iters", "1", "--dtype", "fp32",
+                "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["phase"], r["batch"], r["routing"]) for r in rows] == [
+        ("decode", b, routing) for routing in ("per-token", "coherent") for b in (1, 4, 16)]
+    for r in rows:
+        assert r["routed_ms"] > 0 and r["dense_ms"] > 0 and 0.0 <= r["realized"] <= 1.0
+        # 2 layers x 2 routers (attention, FFN; 3 groups each) x fp32 (down [8, 72], up [2 x 3, 8] and its bias)
+        assert r["routed_bytes"]["router"] == 2 * 2 * 4 * (8 * 72 + 2 * 3 * (8 + 1))
+        assert r["dense_bytes"]["kv"] == 2 * r["batch"] * 3 * 2 * 9 * 8 * 4  # layers x rows x KV heads x K/V x keys
+        assert r["routed_bytes"]["kv"] <= r["dense_bytes"]["kv"]
 
 
 def test_bench_compiles_both_sides(tmp_path, tiny_model_dir, capsys):
@@ -124,7 +171,7 @@ def test_bench_reports_the_kernel_options_it_ran_under(tmp_path, tiny_model_dir,
     monkeypatch.delenv("WIDE_KERNEL_BACKEND", raising=False)
     seen = []
     real_run = cli.run_latency
-    monkeypatch.setattr(cli, "run_latency", lambda args: seen.append(kernel_options()) or real_run(args))
+    monkeypatch.setattr(cli, "run_latency", lambda *a: seen.append(kernel_options()) or real_run(*a))
     out = tmp_path / "bench.json"
     bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",
                 "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
@@ -155,3 +202,60 @@ def test_bench_rejects_tiny_prefill_chunks():
 
     with pytest.raises(SystemExit, match="prefill-chunk"):
         bench_main(["--prefill-chunk", "8"])
+
+
+def test_bench_times_a_compiled_dense_step_and_skips_one_that_fails(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """``--dense-compile``: the fastest dense variant once more with the whole step under torch.compile (aot_eager
+    here, eager steps on the CPU); the fastest of all stays the baseline and the row names it. A compile that
+    fails costs the variant only, with one line saying why; modes with CUDA graphs of their own are refused."""
+    import torch
+
+    args = ["--model", tiny_model_dir, "--prefill", "--decode-batch", "2", "--context", "8", "--sparsity", "0.5",
+            "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32"]
+    out = tmp_path / "bench.json"
+    try:
+        bench_main(args + ["--dense-compile", "aot_eager", "--json", str(out)])
+    finally:
+        torch._dynamo.reset()
+    (row,) = json.loads(out.read_text())["rows"]
+    assert list(row["dense_variants"]) == ["hf-sdpa (eager)", "compiled hf-sdpa (eager)"]
+    assert row["dense_variant"] == min(row["dense_variants"], key=row["dense_variants"].get)
+    assert row["dense_ms"] == row["dense_variants"][row["dense_variant"]]
+    capsys.readouterr()
+
+    def broken(*a, **k):
+        raise RuntimeError("no compiler here\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    bench_main(args + ["--dense-compile", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["dense_variant"] == "hf-sdpa (eager)" and row["routed_ms"] > 0
+    assert "compiled hf-sdpa (failed: RuntimeError: no compiler here) skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--dense-compile: mode 'reduce-overhead'"):
+        bench_main(["--dense-compile", "reduce-overhead"])
+    with pytest.raises(SystemExit, match="--compile"):
+        bench_main(["--dense-compile", "--compile"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_bench_on_gpu_has_floors_and_captures_the_compiled_dense_step(tmp_path, tiny_model_dir):
+    """On a GPU (tiny model, bf16, graphs): the decode rows have both sides' floors from the measured bandwidth,
+    and the compiled dense step (inductor) is captured in a CUDA graph like the other variants."""
+    import torch
+
+    out = tmp_path / "bench.json"
+    try:
+        bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "4", "--context", "64",
+                    "--sparsity", "0", "0.5", "--iters", "2", "--ffn-group-size", "32", "--attn-group-size", "2",
+                    "--dense-compile", "--json", str(out)])
+    finally:
+        torch._dynamo.reset()
+    res = json.loads(out.read_text())
+    assert res["bandwidth"]["bandwidth"] > 1e11
+    for r in res["rows"]:
+        assert r["dense_floor_ms"] > 0 and r["routed_floor_ms"] > 0 and r["dense_of_floor"] > 0.1
+        assert any(k.startswith("compiled ") and k.endswith("(graph)") for k in r["dense_variants"]), r["dense_variants"]
+        assert r["mode"].endswith("routed graph")
+        if r["sparsity"] == 0:
+            assert r["routed_bytes"]["weights"] == r["dense_bytes"]["weights"]

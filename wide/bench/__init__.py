@@ -10,13 +10,14 @@ engine that captures prefill shapes does. Decode: one new token per row after a 
 prompt. Decode runs under CUDA graphs on both sides when they can be captured (one step over a static
 cache, rewound on the device after each replay; the routed side runs the fused decode attention with
 per-row lengths read from the mask). The dense decode baseline is the fastest of transformers' masked
-SDPA and unmasked SDPA over the filled keys with each backend forced. ``--no-graphs`` or a failed capture
-falls back to eager steps with a dynamic cache on both sides. Every row prints both absolute times and
-dense/routed.
+SDPA and unmasked SDPA over the filled keys with each backend forced (``--dense-compile``: and the fastest of those
+with the whole step under ``torch.compile``). ``--no-graphs`` or a failed capture falls back to eager steps with a
+dynamic cache on both sides. Every row prints both absolute times and dense/routed; decode rows add each side's
+bandwidth floor, the bytes its step must read over the device bandwidth measured at the start (`floor`).
 
 Modules: `models` (what is timed), `runners` (eager / CUDA-graph prefill, chunked prefill, decode step),
-`dense` (the dense decode baselines), `synthetic` (synthetic routers at a rate), `latency` (the rows),
-`quality` (``--quality``: decode-time perplexity of per-token vs coherent routing), `report` (tables, JSON),
+`dense` (the dense decode baselines), `floor` (the bytes a decode step reads, the device bandwidth), `synthetic`
+(synthetic routers at a rate), `latency` (the rows), `quality` (``--quality``: decode-time perplexity of per-token vs coherent routing), `report` (tables, JSON),
 `cli` (``wide bench``).
 """
 

@@ -60,6 +60,10 @@ def parser() -> argparse.ArgumentParser:
                    help="coherent decode keeps this multiple of the rows' mean group count (one row per value)")
     p.add_argument("--coherent-memory", type=float, default=0.0,
                    help="coherent decode's EMA memory (0: the current batch's scores only)")
+    p.add_argument("--dense-compile", nargs="?", const="default", default=None, metavar="MODE",
+                   help="also time the dense decode step with the whole forward under torch.compile, captured in the "
+                        "same CUDA graph (inductor mode 'default' or 'max-autotune-no-cudagraphs', or a dynamo "
+                        "backend's name); the fastest dense variant stays the baseline. Minutes of compile a batch")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--no-overlap-routing", action="store_true",
                    help="decide a decode step's attention mask on the main stream, not beside the K/V projections")
@@ -94,6 +98,9 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     for v in args.coherent_keep_scale:
         if not 0 < v <= 16:
             raise SystemExit(f"wide bench: --coherent-keep-scale values must be in (0, 16], got {v}")
+    if args.dense_compile and args.compile:
+        raise SystemExit("wide bench: --dense-compile times a compiled dense step beside the eager ones; --compile "
+                         "already compiles both sides' forwards")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
     if args.json:
@@ -105,6 +112,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             raise SystemExit(f"wide bench: {err}") from None
     import torch
 
+    from wide.bench.dense import compile_options
+    from wide.bench.floor import measure_bandwidth
     from wide.bench.report import format_quality_table, format_table, kernel_switches, latency_notes, write_json
     from wide.kernels import KernelOptions, use_kernel_options
 
@@ -114,6 +123,8 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
 
     try:
         options = KernelOptions.parse(args.kernel_option)
+        if args.dense_compile:
+            compile_options(args.dense_compile)
     except ValueError as err:
         raise SystemExit(f"wide bench: {err}") from None
     t0 = time.time()
@@ -124,10 +135,12 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             if args.json:
                 write_json(args.json, {"args": vars(args), "quality": rows})
             return 0
-        rows = this.run_latency(args)
+        # the device's bandwidth, for the decode rows' floors: measured first, with the device's memory free
+        bandwidth = measure_bandwidth(args.device) if args.decode_batch else None
+        rows = this.run_latency(args, bandwidth)
     print(format_table(rows))
     switches = kernel_switches()
-    for line in latency_notes(args, rows, switches):
+    for line in latency_notes(args, rows, switches, bandwidth):
         print(line)
     if options.changed():
         print("kernel options: " + ", ".join(f"{k}={int(v)}" for k, v in options.changed().items()))
@@ -135,5 +148,5 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     print(f"\n{dev}, torch {torch.__version__}, {time.time() - t0:.0f} s")
     if args.json:
         write_json(args.json, {"device": dev, "torch": torch.__version__, "args": vars(args), "env": switches,
-                               "kernel_options": options.changed(), "rows": rows})
+                               "kernel_options": options.changed(), "bandwidth": bandwidth, "rows": rows})
     return 0

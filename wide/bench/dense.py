@@ -1,5 +1,6 @@
 """The dense decode baseline: the fastest of transformers' masked SDPA and unmasked SDPA over exactly the filled
-keys of the cache, with each SDPA backend forced in turn."""
+keys of the cache, with each SDPA backend forced in turn, and (``--dense-compile``) the fastest of those with the
+whole step under ``torch.compile``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from wide.bench.runners import DecodeRunner, timed
 
 SLICED = "wide_bench_sliced_sdpa"
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+"""Inductor modes ``--dense-compile`` takes (the bench captures the step's CUDA graph itself)."""
 _slice_len: list[Optional[int]] = [None]
 
 
@@ -76,21 +79,59 @@ def use_attention(model, impl: str, keys: Optional[int] = None):
         _slice_len[0] = None
 
 
-def best_dense_decode(model, batch: int, context: int, graphs: bool, iters: int) -> tuple[float, str, dict]:
-    """Median ms of the fastest dense decode variant, its name, and every variant's time."""
+def compile_options(spec: str) -> dict:
+    """``torch.compile`` keyword arguments of ``--dense-compile SPEC``: an inductor mode (`COMPILE_MODES`) or the
+    name of another dynamo backend (``aot_eager``, ...); modes that capture CUDA graphs of their own are refused."""
+    if spec in ("reduce-overhead", "max-autotune"):
+        raise ValueError(f"--dense-compile: mode {spec!r} captures CUDA graphs of its own and the bench captures the "
+                         f"step itself: take one of {', '.join(COMPILE_MODES)} or a backend name")
+    return {"backend": "inductor", "mode": spec} if spec in COMPILE_MODES else {"backend": spec}
+
+
+def best_dense_decode(model, batch: int, context: int, graphs: bool, iters: int,
+                      compile_spec: Optional[str] = None) -> tuple[float, str, dict]:
+    """Median ms of the fastest dense decode variant, its name, and every variant's time (``inf``: it failed).
+
+    With ``compile_spec`` (``--dense-compile``'s value) the fastest attention variant is timed once more with the
+    whole decode step (the model's forward over the static cache) under ``torch.compile``, inside the same CUDA
+    graph; a variant that fails to compile or capture is skipped (its name says why).
+    """
     times: dict[str, float] = {}
+    specs = {}
     for name, impl, ctx in dense_decode_variants(graphs):
-        with use_attention(model, impl, keys=context + 1):
-            try:
-                with warnings.catch_warnings():  # a forced sdpa backend explains every refusal; the table says it
-                    warnings.filterwarnings("ignore", category=UserWarning, message=".*(kernel not used|fused kernels|"
-                                            "has been runtime disabled)")
-                    runner = DecodeRunner(model, batch, context, graphs, attn_ctx=ctx)
-                    times[f"{name} ({runner.mode.split(' ')[0]})"] = timed(runner.step, warmup=3, iters=iters)
-                del runner
-            except Exception as err:  # noqa: BLE001 - a backend that does not take this shape
-                times[f"{name} (failed: {type(err).__name__})"] = float("inf")
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        key, ms = _time_variant(model, batch, context, graphs, iters, name, impl, ctx)
+        times[key], specs[key] = ms, (name, impl, ctx)
+    if compile_spec is not None:
+        name, impl, ctx = specs[min(times, key=times.get)]
+        key, ms = _time_variant(model, batch, context, graphs, iters, f"compiled {name}", impl, ctx, compile_spec)
+        times[key] = ms
     best = min(times, key=times.get)
     return times[best], best, times
+
+
+def _time_variant(model, batch, context, graphs, iters, name, impl, ctx, compile_spec=None) -> tuple[str, float]:
+    with use_attention(model, impl, keys=context + 1):
+        try:
+            with warnings.catch_warnings():  # a forced sdpa backend explains every refusal; the table says it
+                warnings.filterwarnings("ignore", category=UserWarning, message=".*(kernel not used|fused kernels|"
+                                        "has been runtime disabled)")
+                step_fn = None
+                if compile_spec is not None:
+                    from wide.bench.models import raise_recompile_limits
+
+                    raise_recompile_limits()
+                    step_fn = torch.compile(model, dynamic=False, **compile_options(compile_spec))
+                # a compiled step that cannot be captured is not timed eagerly: it would recompile for the
+                # dynamic cache and lose to the graph variants anyway
+                runner = DecodeRunner(model, batch, context, graphs, attn_ctx=ctx, step_fn=step_fn,
+                                      fallback=compile_spec is None)
+                key, ms = f"{name} ({runner.mode.split(' ')[0]})", timed(runner.step, warmup=3, iters=iters)
+            del runner
+        except Exception as err:  # noqa: BLE001 - a backend that does not take this shape, a failed compile
+            why = type(err).__name__
+            if compile_spec is not None:  # the one line the report prints for a skipped compiled variant
+                why += ": " + (str(err).strip().splitlines() or [""])[0][:100]
+            key, ms = f"{name} (failed: {why})", float("inf")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return key, ms

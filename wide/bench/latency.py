@@ -3,18 +3,22 @@ at every sparsity (synthetic masks) or with the checkpoint's routers."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from wide.bench.dense import best_dense_decode
+from wide.bench.floor import StepShape, decode_step_bytes, floor_fields, router_bytes, step_masks
 from wide.bench.models import build_model, compile_forward
 from wide.bench.report import coherent_name
 from wide.bench.runners import ChunkedPrefillRunner, DecodeRunner, PrefillRunner, timed
 from wide.bench.synthetic import set_synthetic_rate
 
 
-def run_latency(args) -> list[dict]:
+def run_latency(args, bandwidth: Optional[dict] = None) -> list[dict]:
     """The latency rows of one ``wide bench`` run (``args``: its parsed flags); dense times are taken first, then the
-    model is routed in place and timed at every sparsity."""
+    model is routed in place and timed at every sparsity. Decode rows carry each side's bytes read per step and,
+    given the device's measured ``bandwidth`` (`wide.bench.floor.measure_bandwidth`), its floor."""
     import wide
     from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
@@ -23,6 +27,8 @@ def run_latency(args) -> list[dict]:
     torch.manual_seed(0)
     model = build_model(args.model, args.layers, args.device, dtype)
     dev = next(model.parameters()).device
+    shape = StepShape.of(model)
+    keys = args.context + 1  # the prompt and the step's own token
     rows: list[dict] = []
     if args.compile:
         compile_forward(model, args.compile)
@@ -49,9 +55,13 @@ def run_latency(args) -> list[dict]:
             dense[("prefill", 1, t, graph)] = time_prefill(t, graph)
     dense_variants = {}
     for b in args.decode_batch:
-        ms, best, times = best_dense_decode(model, b, args.context, not args.no_graphs, args.iters * 4)
-        dense[("decode", b, args.context)] = (ms, best)
+        ms, best, times = best_dense_decode(model, b, args.context, not args.no_graphs, args.iters * 4,
+                                            compile_spec=args.dense_compile)
+        dense[("decode", b, args.context)] = (ms, best, floor_fields("dense", decode_step_bytes(shape, b, keys), ms,
+                                                                     bandwidth))
         dense_variants[b] = times
+    if args.dense_compile:
+        torch._dynamo.reset()  # drops the compiled dense steps (and what their guards hold) before routing
 
     if args.checkpoint:
         from wide.io.checkpoint import load_trained, read_metadata
@@ -91,10 +101,13 @@ def run_latency(args) -> list[dict]:
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
                 ms = timed(runner.step, warmup=3, iters=args.iters * 4)
                 realized = _realized(model)  # the last timed step's masks (a graph replay rewrites them)
-                d, dmode = dense[("decode", b, args.context)]
+                routed = decode_step_bytes(shape, b, keys, step_masks(model), router_bytes(model))
+                d, dmode, dfloor = dense[("decode", b, args.context)]
                 rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, **realized,
                                  routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,
-                                 mode=f"dense {dmode} / routed {runner.mode}", dense_variants=dense_variants[b]))
+                                 mode=f"dense {dmode} / routed {runner.mode}", dense_variant=dmode,
+                                 dense_variants=dense_variants[b], **dfloor,
+                                 **floor_fields("routed", routed, ms, bandwidth)))
                 del runner
         wide.modeling.inference.set_coherent_decode(model, None)
     return rows

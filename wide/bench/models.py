@@ -46,6 +46,12 @@ def compile_forward(model, backend: str) -> None:
     HF's RMS norms, RoPE, residual adds, the routers' small ops — is compiled. Every decoder layer and
     shape compiles its own frames, more than dynamo's default of 8 recompiles per frame allows.
     """
+    raise_recompile_limits()
+    model.forward = torch.compile(model.forward, backend=backend)
+
+
+def raise_recompile_limits() -> None:
+    """Let dynamo keep a frame per decoder layer, shape and batch: more than its default of 8 recompiles per frame."""
     import torch._dynamo
 
     cfg = torch._dynamo.config
@@ -53,4 +59,3 @@ def compile_forward(model, backend: str) -> None:
                         ("accumulated_recompile_limit", 16384), ("accumulated_cache_size_limit", 16384)):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), value))
-    model.forward = torch.compile(model.forward, backend=backend)

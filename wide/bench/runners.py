@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -128,11 +128,17 @@ class ChunkedPrefillRunner:
 
 
 class DecodeRunner:
-    """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly."""
+    """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly.
 
-    def __init__(self, model, batch: int, context: int, graphs: bool, attn_ctx: Callable = contextlib.nullcontext):
+    ``step_fn`` runs the decode steps in place of the model (e.g. a ``torch.compile`` of it; the prompt's prefill
+    stays the model's own); with ``fallback=False`` a failed capture raises instead of timing eager steps.
+    """
+
+    def __init__(self, model, batch: int, context: int, graphs: bool, attn_ctx: Callable = contextlib.nullcontext,
+                 step_fn: Optional[Callable] = None, fallback: bool = True):
         self.model, self.batch, self.context = model, batch, context
         self.attn_ctx = attn_ctx
+        self.step_fn = step_fn if step_fn is not None else model
         dev = next(model.parameters()).device
         self.ids = random_ids(self.model, (batch, 1), device=dev)
         self.mode = "eager"
@@ -142,6 +148,8 @@ class DecodeRunner:
                 self._capture(dev)
                 self.mode = "graph"
             except Exception as err:  # noqa: BLE001 - report and fall back
+                if not fallback:
+                    raise
                 self.mode = f"eager (graph capture failed: {type(err).__name__}: {str(err)[:80]})"
                 self.graph = None
         if self.graph is None:
@@ -167,7 +175,7 @@ class DecodeRunner:
             rewind = static_rewind(cache, self.context)
 
             def decode_step():
-                self.model(input_ids=self.ids, **{cache_kwarg(self.model): cache}, use_cache=True,
+                self.step_fn(input_ids=self.ids, **{cache_kwarg(self.model): cache}, use_cache=True,
                            cache_position=pos)
                 rewind()  # the next replay writes the same slot: the context stays fixed
 
@@ -187,7 +195,7 @@ class DecodeRunner:
             self.graph.replay()
             return
         with torch.inference_mode(), self.attn_ctx():
-            self.model(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
+            self.step_fn(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
             self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
 
 

@@ -192,6 +192,10 @@ class WideRuntime:
         """
         self._records[(layer_idx, kind)] = (mask, self.valid)
 
+    def last_masks(self) -> dict[tuple[int, str], torch.Tensor]:
+        """The execute masks ``[B, T, G]`` the last routed forward recorded, by (layer index, gated sub-layer)."""
+        return {key: mask for key, (mask, _) in self._records.items()}
+
     @staticmethod
     def _rate(mask: torch.Tensor, valid: Optional[torch.Tensor]) -> torch.Tensor:
         mask = mask.float() if mask.dtype == torch.bool else mask  # eval decisions stay bool until read
