@@ -186,16 +186,18 @@ def markdown(rows: list[dict], curves: dict, bench: dict, args, grid: Path) -> s
                      f"{_speed(r['prefill'], r['prefill_extrapolated'])} |")
     lines += ["",
               "Sparsities in %. Target: the share of the routed weights to skip (`sparsity_measure: weight`; another "
-              "measure is named). Realized: over every eval forward, token-weighted; by weight is the share of the "
-              "routed weights' work skipped (q+o, gate+up+down; K/V always run), kinds the attention and FFN skip "
-              "rates averaged. Avg zero-shot over the tasks the grid ran; % of dense: its ratio to dense's average.",
+              "measure is named, ? where results.csv does not say). Realized: over every eval forward, "
+              "token-weighted; by weight is the share of the routed weights' work skipped (q+o, gate+up+down; K/V "
+              "always run), kinds the attention and FFN skip rates averaged. Avg zero-shot over the tasks the grid "
+              "ran; % of dense: its ratio to dense's average.",
               f"Speed-ups: dense ms / routed ms from `wide bench` on the Llama-3.1-8B shape with random weights "
               f"(router {b.get('router', '?')}, FFN groups of {b.get('ffn_group_size', '?')}, fuse-glue "
               f"{'on' if b.get('fuse_glue') else 'off'}): a batch-{args.decode_batch} per-token decode step at a "
               f"{ctx}-token context and a {args.prefill}-token prefill ({curves['prefill_mode']}). Each cell is "
               f"looked up at its **realized by-weight** rate, linearly interpolated between the bench rows' realized "
               f"by-weight rates ({min(d_rates):.3f}–{max(d_rates):.3f} for decode); † marks a rate up to "
-              f"{args.extrapolate:g} outside them (the end segment extended), – farther. Dense is 1.00x by definition. "
+              f"{args.extrapolate:g} outside them (the end segment extended), – farther. Dense is 1.00x by "
+              "definition. "
               "The bench times WIDE's routed kernels on per-token masks: depth, sublayer and static cells sit at the "
               "speed of WIDE at their by-weight rate, a proxy (whole-layer skips and physically pruned static width "
               "would be timed differently)."]
@@ -249,7 +251,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                     help="the prefill rows' mode: graph, eager or a chunked mode (default: graph where timed)")
     ap.add_argument("--method-axis", default="method", help="the grid axis naming the method (default: %(default)s)")
     ap.add_argument("--extrapolate", type=float, default=0.05,
-                    help="how far past the bench's rates a cell's rate may extend the end segment (default: %(default)s)")
+                    help="how far past the bench's rates a cell's rate may extend the end segment "
+                         "(default: %(default)s)")
     ap.add_argument("--plot", default=None, help="the PNG (default: GRID/plots/frontier.png)")
     args = ap.parse_args(argv)
     grid = Path(args.grid)

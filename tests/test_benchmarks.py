@@ -32,8 +32,8 @@ def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
         "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "frontier",
-        "fsdp_check", "gemv_sweep", "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep", "profile_decode", "profile_host",
-        "profile_model", "profile_prefill"])
+        "fsdp_check", "gemv_sweep", "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep",
+        "profile_decode", "profile_host", "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
 
 
@@ -338,9 +338,9 @@ def test_frontier_joins_grid_cells_with_bench_speed_at_the_realized_rate(tmp_pat
     assert [r["method"] for r in got["rows"]] == ["dense", "wide", "wide", "depth", "depth", "static"]  # dense once
     dense, wide25, wide50 = rows[("dense", 0.0)], rows[("wide", 0.25)], rows[("wide", 0.5)]
     assert (dense["decode"], dense["prefill"], dense["of_dense"]) == (1.0, 1.0, 1.0)
-    assert wide25["decode"] == pytest.approx(1.4)       # realized 0.375 by weight, half-way from 1.2 (0.25) to 1.6 (0.5)
-    assert wide25["prefill"] == pytest.approx(1.375)    # the graph rows (1 + rate), not the eager ones
-    assert wide50["decode"] == pytest.approx(1.66) and wide50["of_dense"] == pytest.approx(0.9)  # realized 0.52, not 0.5
+    assert wide25["decode"] == pytest.approx(1.4)  # realized 0.375 by weight: half-way from 1.2 (0.25) to 1.6 (0.5)
+    assert wide25["prefill"] == pytest.approx(1.375)  # the graph rows (1 + rate), not the eager ones
+    assert wide50["decode"] == pytest.approx(1.66) and wide50["of_dense"] == pytest.approx(0.9)  # at 0.52, not 0.5
     depth25, depth50 = rows[("depth", 0.25)], rows[("depth", 0.5)]
     assert depth25["decode"] == pytest.approx(1.99) and depth25["decode_extrapolated"]
     assert depth50["decode"] is None and depth50["prefill"] is None
