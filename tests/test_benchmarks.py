@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "common")
 HELPERS = {"device_assets"}  # gpu_session.sh's chunk reassembly, not a benchmark: no timing, no common flags
+REPORTS = {"frontier"}  # join results already measured (no device): they run on any machine
 
 
 def _load(name: str):
@@ -30,9 +31,9 @@ def _load(name: str):
 def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
-        "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "fsdp_check", "gemv_sweep",
-        "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep", "profile_decode", "profile_host",
-        "profile_model", "profile_prefill"])
+        "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "frontier",
+        "fsdp_check", "gemv_sweep", "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep",
+        "profile_decode", "profile_host", "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
 
 
@@ -48,7 +49,7 @@ def test_script_imports_and_prints_its_help(name, capsys):
         assert "from benchmarks import common" in (BENCH / f"{name}.py").read_text()
 
 
-@pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in HELPERS | {"fsdp_check"}])
+@pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in HELPERS | REPORTS | {"fsdp_check"}])
 def test_a_cuda_script_on_a_cpu_machine_says_so_before_any_compute(name, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     argv = {"profile_model": ["--model", "x"]}.get(name, [])
@@ -268,3 +269,103 @@ def test_kernels_table_runs_through_the_triton_interpreter(tmp_path):
     got = json.loads(out.read_text())
     assert got["meta"]["kernel_options"] == {"decode_fold": False}
     assert got["rows"] and all(r["op"] == "coherent_select" and r["err"] == 0 for r in got["rows"])
+
+
+# --------------------------------------------------------------------------------------------------
+# the frontier report (grid results + bench rows, both fabricated here)
+# --------------------------------------------------------------------------------------------------
+
+
+def _frontier_cell(method, target, by_weight, kinds, ppl, avg, dense=False, measure="weight"):
+    """A finished cell's result.json as `wide.grid.runner` writes it (the fields the report reads)."""
+    sparsity = {"sparsity": 0.0, "by_kind": {}} if dense else {"sparsity": kinds, "by_weight": by_weight,
+                                                                "by_kind": {"attn": kinds, "ffn": kinds}}
+    return {"format": "wide-grid/1", "cell": f"method={method}__target={target}", "status": "done",
+            "labels": {"method": method, "target": str(target)},
+            "routing": None if dense else {"sparsity": target, "sparsity_measure": measure, "granularity": "width"},
+            "summary": {"method": "dense" if dense else "width/lowrank", "target_sparsity": 0.0 if dense else target,
+                        "ppl": ppl, "avg": avg, "sparsity": sparsity}}
+
+
+FRONTIER_CELLS = [  # grid order: dense twice (one model, copied), then methods x targets, one pending
+    _frontier_cell("dense", 0.25, None, None, 20.0, 0.40, dense=True),
+    _frontier_cell("dense", 0.5, None, None, 20.0, 0.40, dense=True),
+    _frontier_cell("wide", 0.5, 0.52, 0.55, 40.0, 0.36),
+    _frontier_cell("wide", 0.25, 0.375, 0.30, 30.0, 0.38),
+    _frontier_cell("depth", 0.25, 0.63, 0.63, 900.0, 0.30),   # past the bench's 0.6 by 0.03: extrapolated
+    _frontier_cell("depth", 0.5, 0.80, 0.80, 5000.0, 0.28),   # 0.2 past it: no speed
+    _frontier_cell("static", 0.5, 0.50, 0.50, 800.0, 0.33, measure="kinds"),
+]
+
+FRONTIER_BENCH = {"device": "NVIDIA H200", "torch": "2.11.0",
+                  "args": {"router": "random", "ffn_group_size": 128, "fuse_glue": "inductor", "context": 4096},
+                  "rows": [
+                      *[{"phase": "decode", "batch": 1, "tokens": 4096, "sparsity": s, "realized": s,
+                         "realized_by_weight": bw, "routing": "per-token", "ratio": ratio, "mode": "graph"}
+                        for s, bw, ratio in [(0.0, 0.0, 0.95), (0.25, 0.25, 1.2), (0.5, 0.5, 1.6), (0.6, 0.6, 1.9)]],
+                      {"phase": "decode", "batch": 1, "tokens": 4096, "sparsity": 0.5, "realized_by_weight": 0.5,
+                       "routing": "coherent", "ratio": 9.0, "mode": "graph"},   # not per-token: left out
+                      {"phase": "decode", "batch": 16, "tokens": 4096, "sparsity": 0.5, "realized_by_weight": 0.5,
+                       "routing": "per-token", "ratio": 9.0, "mode": "graph"},  # another batch: left out
+                      *[{"phase": "prefill", "batch": 1, "tokens": 4096, "sparsity": s, "realized_by_weight": s,
+                         "routing": "per-token", "ratio": ratio, "mode": mode}
+                        for s in (0.0, 0.25, 0.5, 0.6) for mode, ratio in (("eager", 5.0), ("graph", 1.0 + s))],
+                      {"phase": "prefill", "batch": 1, "tokens": 1024, "sparsity": 0.5, "realized_by_weight": 0.5,
+                       "routing": "per-token", "ratio": 9.0, "mode": "graph"},  # another length: left out
+                  ]}
+
+
+def _frontier_grid(folder: Path) -> Path:
+    cells = [c["cell"] for c in FRONTIER_CELLS] + ["method=static__target=0.25"]
+    (folder / "grid.json").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "grid.json").write_text(json.dumps({"cells": cells}))
+    for cell in FRONTIER_CELLS:
+        (folder / "cells" / cell["cell"]).mkdir(parents=True)
+        (folder / "cells" / cell["cell"] / "result.json").write_text(json.dumps(cell))
+    (folder / "cells" / "method=static__target=0.25").mkdir()  # pending: no result.json yet
+    return folder
+
+
+def test_frontier_joins_grid_cells_with_bench_speed_at_the_realized_rate(tmp_path, capsys):
+    grid = _frontier_grid(tmp_path / "grid")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(FRONTIER_BENCH))
+    out = tmp_path / "frontier.json"
+    _load("frontier").main([str(grid), "--bench", str(bench), "--json", str(out)])
+    got = json.loads(out.read_text())
+    assert {"date", "commit", "command"} <= set(got["meta"])
+    rows = {(r["method"], r["target"]): r for r in got["rows"]}
+    assert [r["method"] for r in got["rows"]] == ["dense", "wide", "wide", "depth", "depth", "static"]  # dense once
+    dense, wide25, wide50 = rows[("dense", 0.0)], rows[("wide", 0.25)], rows[("wide", 0.5)]
+    assert (dense["decode"], dense["prefill"], dense["of_dense"]) == (1.0, 1.0, 1.0)
+    assert wide25["decode"] == pytest.approx(1.4)  # realized 0.375 by weight: half-way from 1.2 (0.25) to 1.6 (0.5)
+    assert wide25["prefill"] == pytest.approx(1.375)  # the graph rows (1 + rate), not the eager ones
+    assert wide50["decode"] == pytest.approx(1.66) and wide50["of_dense"] == pytest.approx(0.9)  # at 0.52, not 0.5
+    depth25, depth50 = rows[("depth", 0.25)], rows[("depth", 0.5)]
+    assert depth25["decode"] == pytest.approx(1.99) and depth25["decode_extrapolated"]
+    assert depth50["decode"] is None and depth50["prefill"] is None
+    md = (grid / "frontier.md").read_text()
+    assert md.startswith("_") and "| wide | 25.0 | 37.5 | 30.0 | 30.00 | 38.0 | 95.0 | 1.40x | 1.38x |" in md
+    assert "| dense | – | 0.0 | 0.0 | 20.00 | 40.0 | 100.0 | 1.00x | 1.00x |" in md
+    assert "1.99x†" in md and "| static | 50.0 (kinds) |" in md and "realized by-weight" in md
+    assert (grid / "plots" / "frontier.png").stat().st_size > 1000
+    assert "| depth | 50.0 | 80.0 | 80.0 | 5000.00 | 28.0 | 70.0 | – | – |" in capsys.readouterr().out
+
+    csv_only = tmp_path / "csv"  # a grid brought back without its cells/: results.csv (with the by-weight column)
+    csv_only.mkdir()
+    (csv_only / "results.csv").write_text(
+        "cell,method,status,routing,target_sparsity,realized_sparsity,realized_by_weight,ppl,avg\n"
+        "method=dense,dense,done,dense,0.0,0.0,,20.0,0.4\n"
+        "method=wide,wide,done,width/lowrank,0.5,0.55,0.52,40.0,0.36\n"
+        "method=depth,depth,failed,,,,,,\n")
+    _load("frontier").main([str(csv_only), "--bench", str(bench), "--md", str(tmp_path / "f.md"),
+                            "--plot", str(tmp_path / "f.png")])
+    md = (tmp_path / "f.md").read_text()
+    assert "| wide | 50.0 (?) | 52.0 | 55.0 | 40.00 | 36.0 | 90.0 | 1.66x | 1.52x |" in md and "| depth |" not in md
+
+    with pytest.raises(SystemExit, match="--decode-batch 4: .*batches: \\[1, 16\\]"):
+        _load("frontier").main([str(grid), "--bench", str(bench), "--decode-batch", "4"])
+    with pytest.raises(SystemExit, match="--prefill-mode 'chunks'"):
+        _load("frontier").main([str(grid), "--bench", str(bench), "--prefill-mode", "chunks"])
+    with pytest.raises(SystemExit, match="neither cells"):
+        _load("frontier").main([str(tmp_path), "--bench", str(bench)])

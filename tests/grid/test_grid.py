@@ -161,8 +161,33 @@ def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir,
 
 def test_ablation_grids_exist():
     names = {p.name for p in ABLATIONS}
-    assert {"methods_x_sparsity.yaml", "group_size.yaml", "quality_smollm2-135m.yaml", "quality_qwen2.5-1.5b.yaml",
-            "quality_cpu.yaml", "adapters_smollm2-135m.yaml"} <= names
+    assert {"methods_x_sparsity.yaml", "quality_smollm2-135m.yaml", "quality_qwen2.5-1.5b.yaml", "quality_cpu.yaml",
+            "adapters_smollm2-135m.yaml", "frontier_smollm2-135m.yaml", "frontier_qwen2.5-1.5b.yaml",
+            "ffn_groups_smollm2-135m.yaml", "ffn_groups_qwen2.5-1.5b.yaml", "attn_groups_smollm2-135m.yaml"} <= names
+
+
+# (layers, hidden, query heads, KV heads, head_dim, FFN width) of the offline assets the shipped grids route
+ASSET_SHAPES = {"smollm2-135m": (30, 576, 9, 3, 64, 1536), "qwen2.5-1.5b": (28, 1536, 12, 2, 128, 8960)}
+
+
+@pytest.mark.parametrize("grid", ABLATIONS, ids=[p.name for p in ABLATIONS])
+def test_shipped_grid_routing_fits_its_model(grid, tmp_path):
+    """Every routed cell's groups divide its model's heads and FFN width (what `apply_wide` checks once the model
+    is loaded, minutes into a GPU run): e.g. an FFN group width that does not divide Qwen2.5-1.5B's 8960 channels."""
+    from wide.config import WideConfig
+    from wide.grid.commands import model_name
+    from wide.grid.spec import routing_dict
+    from wide.policies import POLICIES
+    from wide.policies.base import LayerShape
+
+    spec = load_grid(grid, output=tmp_path / "out")
+    for cell in spec.cells():
+        if cell.dense:
+            continue
+        cfg = WideConfig.from_dict(routing_dict(spec, cell))
+        layers, hidden, heads, kv, head_dim, ffn = ASSET_SHAPES[model_name(spec, cell)]
+        shape = LayerShape(0, layers, hidden, heads, kv, head_dim, ffn)
+        POLICIES.get(cfg.granularity)().validate(shape, cfg)
 
 
 @pytest.mark.parametrize("grid", ABLATIONS, ids=[p.name for p in ABLATIONS])

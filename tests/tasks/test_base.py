@@ -113,5 +113,27 @@ def test_sparsity_measured_by_weight_trains_toward_the_weighted_rate(tiny_model_
         assert any(g is not None and g.abs().sum() > 0 for g in grads), kind
     with pytest.raises(ValueError, match="sparsity_measure"):
         wide.WideConfig(sparsity_measure="weight", ffn_sparsity=0.5)
+
+
+@pytest.mark.parametrize("granularity,router", [("layer", "lowrank"), ("sublayer", "lowrank"), ("width", "static")])
+def test_the_by_weight_target_trains_every_baseline(granularity, router, tiny_model_dir):
+    """The frontier grid's baselines take ``sparsity_measure="weight"`` as WIDE does: dynamic depth (one decision
+    gates attention and FFN, so its by-weight rate is its layer rate), sublayer skipping (the two sub-layers weighed
+    by their routed weights) and static width; the loss reaches their routers."""
+    from wide.tasks import RouterCalibration
+
+    cfg = wide.WideConfig(sparsity=0.5, granularity=granularity, router=router, ffn_group_size=32,
+                          sparsity_measure="weight")
+    task = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=1.0)
+    model = wide.apply_wide(tiny_model("llama"), cfg).train()
+    model(torch.randint(3, 96, (2, 8)))
+    stats = wide.sparsity_stats(model)
+    loss, _ = task.sparsity_loss(stats)
+    assert set(stats.kinds) == {"attn", "ffn"} and torch.allclose(loss, (0.5 - stats.realized_by_weight()).abs())
+    if granularity == "layer":
+        assert torch.allclose(stats.realized_by_weight(), stats.realized())
+    loss.backward()
+    grads = [p.grad for layer in model.model.layers for r in layer.wide.routers.values() for p in r.parameters()]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="sparsity_measure"):
         wide.WideConfig(sparsity_measure="flops")

@@ -39,7 +39,7 @@ def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], li
     axes = [a.name for a in spec.axes]
     tasks = _task_names(rows)
     cols = ["cell", *axes, "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity",
-            "realized_attn", "realized_ffn", "ppl", "ppl_sparsity", *tasks, "avg", "zeroshot_sparsity",
+            "realized_by_weight", "realized_attn", "realized_ffn", "ppl", "ppl_sparsity", *tasks, "avg", "zeroshot_sparsity",
             "calibrate_steps", "calibrate_tokens", "calibrate_wall_s", "lora_steps", "lora_tokens", "lora_wall_s",
             "eval_wall_s"]
     out = []
@@ -52,6 +52,7 @@ def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], li
                          "target_sparsity": s["target_sparsity"], "ppl": s.get("ppl"),
                          "ppl_sparsity": s.get("ppl_sparsity"), "avg": s.get("avg"),
                          "zeroshot_sparsity": s.get("zeroshot_sparsity"), "realized_sparsity": sp["sparsity"],
+                         "realized_by_weight": sp.get("by_weight"),
                          "realized_attn": sp.get("by_kind", {}).get("attn"),
                          "realized_ffn": sp.get("by_kind", {}).get("ffn"),
                          "eval_wall_s": r.get("eval", {}).get("wall_s")})
@@ -116,22 +117,25 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
                      + (f", first {settings['ppl_max_tokens']:,} tokens" if settings.get("ppl_max_tokens") else "")
                      + ")" + (f"; zero-shot {'first ' + str(lim) + ' items per task' if lim else 'all items'}"
                               if settings.get("tasks") else "; no zero-shot tasks") + ".")
-    lines += ["", "| " + " | ".join([*axes, "routing", "trained", "target", "realized", "ppl",
+    lines += ["", "| " + " | ".join([*axes, "routing", "trained", "target", "realized", "by weight", "ppl",
                                       *[short.get(t, t) for t in tasks], "avg"]) + " |",
-              "|" + "---|" * (len(axes) + 2) + "---:|" * (4 + len(tasks))]
+              "|" + "---|" * (len(axes) + 2) + "---:|" * (5 + len(tasks))]
     for r in rows:
         labels = [str(r.get("labels", {}).get(a, "")) for a in axes]
         s = r.get("summary")
         if not s:
-            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (4 + len(tasks))]) + " |")
+            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (6 + len(tasks))]) + " |")
             continue
         ts = r.get("tasks", {})
         lines.append("| " + " | ".join([
             *labels, s["method"], trained(r), _pct(s["target_sparsity"]), _pct(s["sparsity"]["sparsity"]),
+            _pct(s["sparsity"].get("by_weight")),
             "–" if s.get("ppl") is None else f"{s['ppl']:.2f}",
             *[_pct(ts[t]["score"]) if t in ts else "–" for t in tasks], _pct(s.get("avg")),
         ]) + " |")
-    lines += ["", "target/realized: target and realized sparsity (%; realized over all eval forwards, token-weighted). "
+    lines += ["", "target/realized: target and realized sparsity (%; realized over all eval forwards, token-weighted; "
+              "the target is by weight under `sparsity_measure: weight`); realized is the router kinds' skip rates "
+              "averaged, by weight the share of the routed weights' work skipped (what speed follows). "
               "Scores: acc_norm for ARC, PIQA, OBQA, HellaSwag, acc for BoolQ and WinoGrande (%); avg over the tasks "
               "shown.", ""]
     run_rows = [r for r in rows if r.get("runs")]

@@ -53,7 +53,8 @@ import yaml
 RESERVED = ("stage", "fit", "routing", "skip_calibration")
 STAGES = ("calibrate", "lora")
 ROUTING_PREFIX = "model.init_args.routing."
-RESULT_COLUMNS = {"cell", "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity", "ppl", "avg"}
+RESULT_COLUMNS = {"cell", "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity",
+                  "realized_by_weight", "ppl", "avg"}
 """Column names of results.csv that an axis may not take."""
 GRID_KEYS = {"base", "lora_base", "output", "overrides", "eval", "axes", "description"}
 RESOURCES = ("gpus", "cpus")
