@@ -87,7 +87,8 @@ def test_compare_on_cuda_replays_graphs_on_both_sides():
     cfg = wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32)
     model = enable_kernels(wide.apply_wide(tiny_model("llama").cuda(), cfg).eval(), "triton")
     plain = tiny_model("llama").cuda()
-    prompts = [p.cuda() for p in _prompts(6, 13, 6)]
+    prompts = [p.cuda() for p in _prompts(6, 13)]
+    prompts.append(prompts[0].clone())  # a repeated prompt: the replayed graphs must give the same tokens
     sizes = dict(batch_size=1, max_cache_len=64, chunk=(8, 4))
     got = wide.Generator(model, **sizes).compare(prompts, max_new_tokens=10)
     assert got.graphs and got.device.startswith("cuda")
