@@ -173,7 +173,7 @@ def markdown(rows: list[dict], curves: dict, bench: dict, args, grid: Path) -> s
     b = bench.get("args", {})
     ctx, d_rates = b.get("context", "?"), [x for x, _ in curves["decode"]]
     length = f"{args.prefill // 1024}k" if args.prefill % 1024 == 0 else str(args.prefill)
-    lines = [f"Quality: `{grid}`; speed: `{args.bench}` ({bench.get('device', '?')}, torch {bench.get('torch', '?')}).",
+    lines = [f"Quality: `{grid}`; speed: `{', '.join(args.bench)}` ({bench.get('device', '?')}, torch {bench.get('torch', '?')}).",
              "",
              f"| method | target | realized by weight | realized (kinds) | ppl | avg zero-shot | % of dense avg | "
              f"8B decode b{args.decode_batch} speed-up | 8B {length} prefill speed-up |",
@@ -244,7 +244,8 @@ def plot(rows: list[dict], path: Path, title: str, decode_batch: int, prefill: i
 def main(argv: Optional[list[str]] = None) -> None:
     ap = common.parser(__doc__, device=None, dtype=None)
     ap.add_argument("grid", help="a `wide grid` output folder (cells/*/result.json or results.csv)")
-    ap.add_argument("--bench", required=True, help="a `wide bench --json` file with the speed rows")
+    ap.add_argument("--bench", required=True, nargs="+",
+                    help="`wide bench --json` files with the speed rows (several: their rows pooled, one shape)")
     ap.add_argument("--decode-batch", type=int, default=1, help="the decode rows' batch (default: %(default)s)")
     ap.add_argument("--prefill", type=int, default=4096, help="the prefill rows' length (default: %(default)s)")
     ap.add_argument("--prefill-mode", default=None,
@@ -258,11 +259,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     grid = Path(args.grid)
     if not grid.is_dir():
         raise SystemExit(f"frontier.py: {grid} is not a folder")
-    if not Path(args.bench).is_file():
-        raise SystemExit(f"frontier.py: --bench {args.bench} does not exist")
+    for f in args.bench:
+        if not Path(f).is_file():
+            raise SystemExit(f"frontier.py: --bench {f} does not exist")
     if args.extrapolate < 0:
         raise SystemExit(f"frontier.py: --extrapolate must be >= 0, got {args.extrapolate}")
-    bench = json.loads(Path(args.bench).read_text())
+    payloads = [json.loads(Path(f).read_text()) for f in args.bench]
+    bench = dict(payloads[0], rows=[r for b in payloads for r in b.get("rows") or []])
     curves = bench_curves(bench, args.decode_batch, args.prefill, args.prefill_mode)
     rows = join(grid_rows(grid, args.method_axis), curves, args.extrapolate)
     args.md = args.md or str(grid / "frontier.md")
