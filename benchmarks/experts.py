@@ -37,7 +37,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
 
-from wide.kernels import experts, ffn_experts, get_backend, make_plan  # noqa: E402
+from wide.kernels import experts, ffn_experts, get_backend, kernel_options, make_plan  # noqa: E402
 from wide.kernels.experts import ffn_dense  # noqa: E402
 
 if SMOKE:
@@ -93,8 +93,9 @@ def ffn_rows(M: int, width: int, density: float, seed: int = 0) -> list[dict]:
     }
     ms = {name: timed(fn) for name, fn in run.items()}
     err = {name: rel_err(fn(), ref) for name, fn in run.items() if name != "dense"}
-    chosen = experts.ffn_path(M, width, p_auto, eager=True)
-    chosen_measured = experts.ffn_path(M, width, p_measured, eager=True)
+    on = kernel_options().ffn_experts  # the label names the path the op took (the switch included)
+    chosen = experts.ffn_path(M, width, p_auto, eager=True, enabled=on)
+    chosen_measured = experts.ffn_path(M, width, p_measured, eager=True, enabled=on)
     plan_ms = timed(lambda: make_plan(mask, density_hint=density).token_order(True))
     layout_ms = timed(lambda: host.layout_for(make_plan(mask, density_hint=density), read_counts=False))
     base = dict(M=M, width=width, groups=G, density=density)
