@@ -208,12 +208,9 @@ def plot(rows: list[dict], path: Path, title: str, decode_batch: int, prefill: i
     """Average zero-shot against decode (left) and prefill (right) speed-up, one line per method, dense as a star."""
     if not any(r["avg"] is not None for r in rows):
         return None
-    import matplotlib
+    from wide.grid.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), squeeze=False)
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4.6), squeeze=False)
     methods = list(dict.fromkeys(r["method"] for r in rows if not r["dense"]))
     dense = next((r for r in rows if r["dense"] and r["avg"] is not None), None)
     for ax, phase, label in ((axes[0][0], "decode", f"8B decode batch {decode_batch} speed-up (x)"),
@@ -234,11 +231,7 @@ def plot(rows: list[dict], path: Path, title: str, decode_batch: int, prefill: i
         ax.grid(True, alpha=0.3)
     axes[0][1].legend(fontsize=8, loc="best")
     fig.suptitle(f"{title}: quality vs speed at the realized by-weight sparsity (point labels: target %)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

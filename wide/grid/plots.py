@@ -8,13 +8,23 @@ from typing import Any, Optional
 from wide.grid.spec import GridSpec
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> Path:
+    """Lays ``fig`` out, writes it to ``path`` (parents made) and closes it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
 
 
 def sparsity_axis(spec: GridSpec) -> Optional[str]:
@@ -56,7 +66,7 @@ def plot_score_vs_sparsity(spec: GridSpec, rows: list[dict[str, Any]], path: Pat
         panels.append(("ppl", "ppl_sparsity", "perplexity (log scale)", True))
     if not panels:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
     for ax, (metric, xkey, ylabel, log) in zip(axes[0], panels):
         for i, (name, rs) in enumerate(sorted(series.items())):
@@ -82,11 +92,7 @@ def plot_score_vs_sparsity(spec: GridSpec, rows: list[dict[str, Any]], path: Pat
         ax.grid(True, alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="best")
     fig.suptitle(f"{spec.path.stem}: score vs realized sparsity")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _per_layer(row: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -99,7 +105,7 @@ def plot_cell_heatmap(row: dict[str, Any], path: Path) -> Optional[Path]:
     sp = _per_layer(row)
     if sp is None:
         return None
-    plt = _plt()
+    plt = pyplot()
     kinds = list(sp["per_layer"])
     grid = [[100 * v for v in sp["per_layer"][k]] for k in kinds]
     layers = sp.get("layers") or list(range(len(grid[0])))
@@ -113,11 +119,7 @@ def plot_cell_heatmap(row: dict[str, Any], path: Path) -> Optional[Path]:
     ax.set_title(f"{row['cell']}\nrealized sparsity per layer: target {100 * target:.0f}%, "
                  f"mean {100 * sp['sparsity']:.1f}%", fontsize=9)
     fig.colorbar(im, ax=ax, label="skipped (%)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_grid_heatmap(rows: list[dict[str, Any]], path: Path) -> Optional[Path]:
@@ -131,18 +133,14 @@ def plot_grid_heatmap(rows: list[dict[str, Any]], path: Path) -> Optional[Path]:
     for r in rs:
         per = _per_layer(r)["per_layer"]
         grid.append([100 * sum(per[k][i] for k in per) / len(per) for i in range(n)])
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(min(18, max(7.0, 3 + 0.35 * n)), 1.6 + 0.35 * len(rs)))
     im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=100)
     ax.set_yticks(range(len(rs)), [r["cell"] for r in rs], fontsize=7)
     ax.set_xlabel("routed layer")
     ax.set_title("realized sparsity per layer (mean over attention and FFN routers)", fontsize=9)
     fig.colorbar(im, ax=ax, label="skipped (%)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_all(spec: GridSpec, rows: list[dict[str, Any]]) -> list[Path]:
