@@ -66,10 +66,28 @@ def test_recipes_exist():
     names = {str(p.relative_to(ROOT / "recipes")) for p in RECIPES}
     for expected in ["smollm2-135m/calibrate.yaml", "smollm2-135m/lora.yaml", "qwen2.5-1.5b/calibrate.yaml",
                      "qwen2.5-1.5b/lora.yaml", "llama-3.1-8b/calibrate.yaml", "llama-3.1-8b/lora.yaml",
-                     "qwen3-8b/calibrate.yaml", "smollm2-135m/calibrate_distill.yaml", "smollm2-135m/lora_distill.yaml",
+                     "qwen3-8b/calibrate.yaml", "smollm2-135m/calibrate_lm.yaml", "smollm2-135m/lora_distill.yaml",
                      "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml", "smollm2-135m/super.yaml"]:
         assert expected in names
 
+
+
+def test_smollm2_calibrate_twins_differ_only_in_the_loss():
+    """calibrate.yaml (self-distillation, the default since issue 22's frontier) and calibrate_lm.yaml (the LM loss)
+    train the same routers on the same data, so `wide eval` of their outputs compares the losses alone; the CPU
+    quick start keeps the LM loss (no teacher forward on 2 cores)."""
+    import yaml
+
+    smol = ROOT / "recipes/smollm2-135m"
+    distill, lm = (yaml.safe_load((smol / name).read_text()) for name in ("calibrate.yaml", "calibrate_lm.yaml"))
+    assert distill["model"]["init_args"].pop("loss") == {"lm": 1.0, "kd": 1.0, "temperature": 2.0, "hidden": 0.0}
+    assert lm["model"]["init_args"].pop("loss")["kd"] == 0.0
+    assert distill["data"]["source"] == "mixture"
+    for cfg in (distill, lm):  # where each writes
+        del cfg["wide_checkpoint"]["dirpath"], cfg["trainer"]["logger"]
+    assert distill == lm
+    cpu = yaml.safe_load((smol / "calibrate_cpu.yaml").read_text())
+    assert "loss" not in cpu["model"]["init_args"] and cpu["data"]["source"] == "default"
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(ROOT / "recipes")) for p in RECIPES])
 def test_recipe_runs_on_tiny_model(recipe, tmp_path, tiny_model_dir, tiny_corpus, stage1):
