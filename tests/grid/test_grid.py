@@ -9,6 +9,7 @@ import yaml
 from grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, write_grid
 from wide.grid import grid_main, load_grid, run_grid
 from wide.grid.commands import eval_argv, fit_argv
+from wide.grid.spec import config_value, effective_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -217,12 +218,46 @@ def test_shipped_grid_parses_and_every_fit_parses_in_lightning_cli(grid, tmp_pat
             seen.add(key)
             cli = run_cli([*argv[1:], "--trainer.accelerator", "cpu", "--trainer.logger", "false"], run=False)
             routing = cli.model.routing
+            loss = config_value(effective_config(spec, cell, stage), "model.init_args.loss") or {}
+            assert cli.model.loss.kd == loss.get("kd", 0.0)  # a cell's loss keys merge into the recipe's block
             if stage == "calibrate":
                 for k, v in cell.cli_overrides("calibrate").items():
                     if k.startswith("model.init_args.routing."):
                         assert getattr(routing, k.rsplit(".", 1)[-1]) == v
         eval_argv(spec, cell, tmp_path / "ev")
     assert seen or all(not c.fits for c in spec.cells())
+
+
+# every fitted stage's (loss.kd, data.source) per method label ("*": any other cell): grids with recorded numbers pin
+# the loss and data they were measured with, so a change of the base recipe's (calibrate.yaml's 2026-12-02 switch to
+# self-distillation on the mixture) does not silently change what they measure; a new grid must decide here too
+GRID_LOSS = {
+    "adapters_smollm2-135m.yaml": {"*": (0.0, "default")},
+    "attn_groups_smollm2-135m.yaml": {"*": (0.0, "mixture")},
+    "ffn_groups_qwen2.5-1.5b.yaml": {"*": (0.0, "mixture")},
+    "ffn_groups_smollm2-135m.yaml": {"*": (0.0, "mixture")},
+    "frontier_qwen2.5-1.5b.yaml": {"*": (0.0, "mixture"), "wide_distill": (1.0, "mixture")},
+    "frontier_smollm2-135m.yaml": {"*": (0.0, "mixture"), "wide_distill": (1.0, "mixture")},
+    "methods_x_sparsity.yaml": {"*": (1.0, "mixture")},
+    "quality_cpu.yaml": {"*": (0.0, "default")},
+    "quality_qwen2.5-1.5b.yaml": {"*": (0.0, "default")},
+    "quality_smollm2-135m.yaml": {"*": (0.0, "default")},
+    "rep_lie_smollm2-135m.yaml": {"*": (0.0, "default")},
+    "routers.yaml": {"*": (1.0, "mixture")},
+}
+
+
+@pytest.mark.parametrize("grid", ABLATIONS, ids=[p.name for p in ABLATIONS])
+def test_shipped_grid_trains_on_the_loss_and_data_it_says(grid, tmp_path):
+    assert grid.name in GRID_LOSS, f"{grid.name}: say which loss and data its cells train on (GRID_LOSS)"
+    spec = load_grid(grid, output=tmp_path / "out")
+    for cell in spec.cells():
+        stages = (["calibrate"] if cell.calibrates else []) + (["lora"] if cell.fits and cell.stage == "lora" else [])
+        want = GRID_LOSS[grid.name]
+        for stage in stages:
+            cfg = effective_config(spec, cell, stage)
+            got = (config_value(cfg, "model.init_args.loss.kd", 0.0), config_value(cfg, "data.source"))
+            assert got == want.get(cell.labels.get("method", "*"), want["*"]), (cell.name, stage)
 
 
 def test_parallel_workers_keep_shared_fits_in_order_and_give_each_a_device(tmp_path, tiny_model_dir, tiny_corpus,
