@@ -56,14 +56,17 @@ class WideArgumentParser(LightningArgumentParser):
 
 
 class WideCLI(LightningCLI):
-    """LightningCLI with the routing, throughput and progress callbacks always present, the tokenizer linked to the
-    model, ``precision: auto``, and runs that neither overwrite nor leave behind anything by accident."""
+    """LightningCLI with the routing (the end-of-fit rate calibration among them), throughput and progress callbacks
+    always present, the tokenizer linked to the model, ``precision: auto``, and runs that neither overwrite nor leave
+    behind anything by accident."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        from wide.callbacks import SparsityMonitor, TemperatureSchedule, TokenThroughput, WideCheckpoint
+        from wide.callbacks import (RateCalibration, SparsityMonitor, TemperatureSchedule, TokenThroughput,
+                                    WideCheckpoint)
 
         parser.add_lightning_class_args(TemperatureSchedule, "temperature")
         parser.add_lightning_class_args(SparsityMonitor, "sparsity_monitor")
+        parser.add_lightning_class_args(RateCalibration, "rate_calibration")
         parser.add_lightning_class_args(WideCheckpoint, "wide_checkpoint")
         parser.add_lightning_class_args(TokenThroughput, "throughput")
         parser.link_arguments("model.init_args.model", "data.tokenizer")

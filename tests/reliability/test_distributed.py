@@ -119,7 +119,9 @@ def test_ddp_and_fsdp2_train_like_one_process_with_the_same_global_batch(tmp_pat
 def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, tiny_model_dir, tiny_corpus, capsys):
     """Stage 1 with trainable routers: every rank draws the global batch's Gumbel noise from a shared
     per-batch seed and keeps its rows, and the sparsity term applies to the global rate, so 2 x 2 rows
-    train the same routers as 1 x 4 rows, on DDP and FSDP2 (up to float summation order)."""
+    train the same routers as 1 x 4 rows, on DDP and FSDP2 (up to float summation order). The end-of-fit rate
+    calibration measures both ranks' held-out rows (one all-reduce per pass) and shifts every rank's routers alike
+    (under FSDP2 each rank its shard of the biases), so it keeps them equal too."""
     calib = ["--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
              "--data.max_train_tokens", "400", "--model.init_args.lr", "0.01", "--sparsity_monitor.heatmap_every_n_steps", "0"]
 

@@ -11,12 +11,16 @@ import torch
 
 import wide
 from tests.conftest import tiny_model
+from wide.routers.base import shift_execute_margin
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 SCORED = ("topk", "batched_topk")
 """Training-free routers that rank groups by weight-based scores, which whole-layer decisions lack."""
+
+THRESHOLDED = ("lowrank", "linear", "mlp", "static")
+"""Routers deciding by a threshold on a learned margin: `wide.modeling.fit_rate` shifts it to the target rate."""
 
 
 def _combos():
@@ -45,6 +49,14 @@ def test_router_policy_contract(router, policy):
                 margin = r.execute_margin(hidden).float()
                 torch.testing.assert_close(r.execute_decision(hidden, margin=True), margin)
                 assert torch.equal(r.execute_decision(hidden), margin >= 0)
+                # a router with a threshold moves it through its logit bias, fast path included
+                if shift_execute_margin(r, 0.25):
+                    torch.testing.assert_close(r.execute_decision(hidden, margin=True), margin + 0.25,
+                                               atol=1e-5, rtol=1e-5)
+                    logits = r(hidden)
+                    torch.testing.assert_close(logits[..., 0] - logits[..., 1], margin + 0.25, atol=1e-5, rtol=1e-5)
+                    shift_execute_margin(r, -0.25)
+    assert (router in THRESHOLDED) == all(r.logit_bias() is not None for r in layer.routers.values())
     model.train()
     ids = torch.randint(3, 96, (2, 5))
     out = model(ids, labels=ids)
@@ -158,6 +170,7 @@ def test_overriding_forward_drops_the_inherited_fast_path():
 
     for name in FAST_PATH:
         assert getattr(SkipAll, name) is getattr(Router, name), name
+    assert SkipAll.logit_bias is Router.logit_bias  # the parent's bias no longer moves SkipAll's threshold
     assert wide.routers.LowRankRouter.execute_decision is not Router.execute_decision  # the built-in keeps its own
 
     class Again(SkipAll):  # below the override, nothing changes

@@ -24,21 +24,24 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
     """Make untrained linear / low-rank routers skip ``sparsity`` of their (token, group) pairs (bench only).
 
     `wide bench --router lowrank` times the router a trained model would run (its kernels and launches), with
-    random weights: each router's execute bias is shifted by the ``sparsity`` quantile of its margins per group,
-    over the residual streams of one prompt of ``tokens`` random ids (``passes`` times, as each layer's input
-    depends on the routers before it), and its expected rate (the kernels' density hint) set to ``sparsity``.
-    The rates it then realizes are the bench's "realized" columns.
+    random weights: each router's execute margin is shifted (`wide.routers.base.shift_execute_margin`) by the
+    ``sparsity`` quantile of its margins per group, over the residual streams of one prompt of ``tokens`` random
+    ids (``passes`` times, as each layer's input depends on the routers before it), and its expected rate (the
+    kernels' density hint) set to ``sparsity``. The rates it then realizes are the bench's "realized" columns.
+    Every group at the rate suits random routers; a trained model keeps its learned split and gets one shift for
+    all routers instead (`wide.modeling.rate.fit_rate`).
     """
     import dataclasses
 
     import wide
+    from wide.routers.base import shift_execute_margin
 
     layers = wide.modeling.runtime_of(model).layers
     routers = [(i, k, r) for i, wl in enumerate(layers) for k, r in wl.routers.items()]
     for _, _, r in routers:
-        bias = _execute_bias(r)
-        if bias is None:
-            raise ValueError(f"--router: {type(r).__name__} has no execute bias to calibrate (linear / lowrank only)")
+        if r.logit_bias() is None:
+            raise ValueError(f"--router: {type(r).__name__} has no logit bias to calibrate "
+                             "(linear / lowrank / mlp / static)")
         r.spec = dataclasses.replace(r.spec, target_sparsity=float(sparsity))
     device = next(model.parameters()).device
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -64,14 +67,5 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
                 continue
             m = r.execute_decision(seen[(i, k)], margin=True).float()  # [tokens, G]
             q = torch.quantile(m, float(sparsity), dim=0) if sparsity > 0 else m.amin(0) - 1.0
-            _execute_bias(r).sub_(q.to(_execute_bias(r).dtype))
+            shift_execute_margin(r, -q)
 
-
-def _execute_bias(router):
-    """The execute rows' bias (interleaved execute / skip outputs) of a linear or low-rank router, or None."""
-    layer = getattr(router, "up", None)
-    layer = layer if layer is not None else getattr(router, "proj", None)
-    if layer is None or getattr(layer, "bias", None) is None:
-        return None
-    return layer.bias.view(-1, 2)[:, 0]  # a view of the parameter: in-place changes bump its version (the folded
-    # margin cache sees them; `.data` would not)

@@ -2,6 +2,7 @@
 
 from wide.modeling.architectures import ARCHITECTURES, ArchSpec, arch_for
 from wide.modeling.layer import WideLayer
+from wide.modeling.rate import RateFit, fit_rate
 from wide.modeling.runtime import SparsityStats, WideRuntime
 from wide.modeling.wrap import (
     apply_wide,
@@ -16,11 +17,13 @@ from wide.modeling.wrap import (
 __all__ = [
     "ARCHITECTURES",
     "ArchSpec",
+    "RateFit",
     "SparsityStats",
     "WideLayer",
     "WideRuntime",
     "apply_wide",
     "arch_for",
+    "fit_rate",
     "is_routed",
     "layer_shapes",
     "router_parameters",

@@ -48,6 +48,10 @@ class RouterSpec:
 FAST_PATH = ("execute_margin", "execute_decision", "margin_weights")
 """The eval fast-path methods of `Router`: each must give the decision :meth:`Router.forward` gives."""
 
+FORWARD_BOUND = (*FAST_PATH, "logit_bias")
+"""The methods of `Router` that describe what :meth:`Router.forward` computes: a subclass that replaces ``forward``
+gets `Router`'s defaults of them back (see `Router`)."""
+
 
 def _owner(cls: type, name: str) -> type:
     """The class in ``cls``'s MRO that defines attribute ``name``."""
@@ -61,18 +65,18 @@ class Router(nn.Module):
     are theirs, settable from YAML through ``init_args``) and return two logits per group.
 
     The eval fast path (:meth:`execute_margin`, :meth:`execute_decision`, :meth:`margin_weights`; see
-    ``FAST_PATH``) is trusted only where it provably computes what :meth:`forward` does: where it is defined by
-    the class that defines ``forward`` or by a subclass of it. A subclass that overrides ``forward`` below a
-    class with a fast path (say ``LowRankRouter``) gets the forward-derived defaults of `Router` back when the
-    class is made, so its eval and batch-coherent decode decisions follow its own ``forward``; re-declare a
-    method in the subclass's body (``execute_decision = LowRankRouter.execute_decision``) only when the new
-    ``forward`` gives the same decisions.
+    ``FAST_PATH``) and :meth:`logit_bias` are trusted only where they provably describe what :meth:`forward` does:
+    where they are defined by the class that defines ``forward`` or by a subclass of it. A subclass that overrides
+    ``forward`` below a class with a fast path (say ``LowRankRouter``) gets the forward-derived defaults of
+    `Router` back when the class is made, so its eval and batch-coherent decode decisions follow its own
+    ``forward`` (and nothing shifts its threshold); re-declare a method in the subclass's body
+    (``execute_decision = LowRankRouter.execute_decision``) only when the new ``forward`` gives the same decisions.
     """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         forward = _owner(cls, "forward")
-        for name in FAST_PATH:
+        for name in FORWARD_BOUND:
             owner = _owner(cls, name)
             if owner is not Router and not issubclass(owner, forward):
                 # inherited from a class whose forward this one replaced: it would compute the parent's decision
@@ -115,6 +119,16 @@ class Router(nn.Module):
         (then batch-coherent decode routes a step in one `wide.kernels.coherent_route` launch), else ``None``."""
         return None
 
+    def logit_bias(self) -> Optional[nn.Parameter]:
+        """The parameter that :meth:`forward` adds to its logits, one (execute, skip) pair per group in order
+        (``[2G]`` interleaved, or ``[G, 2]``), or ``None`` when there is none.
+
+        Adding ``d`` to its execute entries adds ``d`` to every execute margin: `shift_execute_margin` moves the
+        eval threshold that way (`wide.modeling.fit_rate` sets a trained model's realized rate to its target).
+        Routers deciding by rank (top-k) or at a set rate have none.
+        """
+        return None
+
     def expected_sparsity(self) -> float:
         """The skip rate this router is expected to realize (its target unless it knows better).
 
@@ -132,6 +146,28 @@ def rms_normalize(hidden: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Parameter-free RMS normalisation: residual-stream scale grows with depth, routers should not care."""
     hidden = hidden.float()
     return torch.nn.functional.rms_norm(hidden, (hidden.shape[-1],), eps=eps)
+
+
+def shift_execute_margin(router: Router, delta) -> bool:
+    """Adds ``delta`` (a number, or ``[G]`` per group) to ``router``'s execute margins, in place, through its
+    :meth:`Router.logit_bias`; ``False`` (nothing changed) when it has none.
+
+    An FSDP2-sharded bias (a ``DTensor``) takes its own shard of the change, computed on every rank alike.
+    """
+    bias = router.logit_bias()
+    if bias is None:
+        return False
+    with torch.no_grad():
+        full = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device).view(-1, 2)
+        full[:, 0] = torch.as_tensor(delta, dtype=torch.float32, device=bias.device)
+        full = full.view(bias.shape).to(bias.dtype)
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(bias, DTensor):
+            full = distribute_tensor(full, bias.device_mesh, bias.placements,
+                                     src_data_rank=None)
+        bias.add_(full)  # in place: the version bump makes `FoldedMargin` fold it again
+    return True
 
 
 class FoldedMargin:

@@ -24,6 +24,9 @@ class LinearRouter(Router):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return split_logits(self.proj(self._input(hidden)), self.num_groups)
 
+    def logit_bias(self) -> nn.Parameter:
+        return self.proj.bias
+
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.execute_decision(hidden, margin=True)
 

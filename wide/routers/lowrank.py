@@ -40,6 +40,9 @@ class LowRankRouter(Router):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return split_logits(self.up(self.down(self._input(hidden))), self.num_groups)
 
+    def logit_bias(self) -> nn.Parameter:
+        return self.up.bias
+
     def execute_margin(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.execute_decision(hidden, margin=True)
 

@@ -23,3 +23,6 @@ class MLPRouter(Router):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_normalize(hidden) if self.normalize else hidden
         return split_logits(self.net(x.to(self.net[0].weight.dtype)), self.num_groups)
+
+    def logit_bias(self) -> nn.Parameter:
+        return self.net[2].bias

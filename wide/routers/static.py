@@ -23,3 +23,6 @@ class StaticRouter(Router):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits.expand(*hidden.shape[:-1], self.num_groups, 2)
+
+    def logit_bias(self) -> nn.Parameter:
+        return self.logits

@@ -178,21 +178,18 @@ class WideTask(L.LightningModule):
     # ------------------------------------------------------------------------------------------ loss
     def sparsity_loss(self, stats: "wide.SparsityStats") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``lam * |target - realized|``: one global term (kinds averaged, or by routed weight with
-        ``sparsity_measure="weight"``), or one term per router kind."""
-        cfg = self.routing
+        ``sparsity_measure="weight"``), or one term per router kind (`wide.modeling.rate.target_rates`)."""
+        from wide.modeling.rate import target_rates
+
+        rates = target_rates(stats, self.routing, differentiable=True)
+        realized = self.global_rates(torch.stack([rate for _, rate in rates.values()]))
         logs = {}
-        if cfg.per_kind_targets:
-            kinds = list(stats.kinds)
-            realized = self.global_rates(torch.stack([stats.realized(k, differentiable=True) for k in kinds]))
-            terms = []
-            for kind, rate in zip(kinds, realized):
-                terms.append((cfg.target_for(kind) - rate).abs())
-                logs[f"gap_{kind}"] = terms[-1].detach()
-            gap = torch.stack(terms).sum()
-        elif cfg.sparsity_measure == "weight":
-            gap = (cfg.sparsity - self.global_rates(stats.realized_by_weight(differentiable=True))).abs()
-        else:
-            gap = (cfg.sparsity - self.global_rates(stats.realized(differentiable=True))).abs()
+        terms = []
+        for (name, (target, _)), rate in zip(rates.items(), realized):
+            terms.append((target - rate).abs())
+            if self.routing.per_kind_targets:
+                logs[f"gap_{name}"] = terms[-1].detach()
+        gap = torch.stack(terms).sum()
         logs["gap"] = gap.detach()
         return self.lam * gap, logs
 
