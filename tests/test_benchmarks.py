@@ -162,14 +162,17 @@ def test_timers_and_report_on_cpu(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("op", ["gemm_mn", "swiglu"])
-def test_prefill_gemm_sweep_candidates(op, wide):
+@pytest.mark.parametrize("shape", ["q_proj", "gate_up", "up_proj"])
+def test_prefill_gemm_sweep_candidates(shape, wide):
     from wide.kernels.triton.common import GemmConfig
 
-    cands = _load("prefill_gemm_sweep").candidates(op, wide)
+    mod = _load("prefill_gemm_sweep")
+    op, N, K, group = mod.SHAPES[shape]
+    cands = mod.candidates(op, group, wide)
     assert cands[0] is None and len(cands) > 2
     for kind, cfg in cands[1:]:
         assert kind == "perm" and isinstance(cfg, GemmConfig)
+        assert cfg.block_n <= group, f"{shape}: a tile wider than a group ({cfg})"  # tiles at most one group wide
 
 
 def test_gemv_sweep_candidates():
