@@ -174,6 +174,38 @@ def _router_margin_cases(dtype, gen):
                                                                         backend=REFERENCE), compare)
 
 
+def _rms_norm_route_cases(dtype, gen):
+    ulp = torch.finfo(dtype).eps
+    rtol = 2 * ulp if dtype != torch.float32 else 1e-5  # fp32: the sums' order and rsqrt differ a few ulp
+
+    def compare(out, ref, what):  # y within ~1 ulp; decisions equal except at near-ties of the reference margin
+        (y, decided), (y0, margin) = out, ref
+        assert y.dtype == y0.dtype and y.shape == y0.shape, what
+        torch.testing.assert_close(y.float(), y0.float(), rtol=rtol, atol=1e-6, msg=what)
+        assert decided.dtype == torch.bool and decided.shape == margin.shape, what
+        clear = margin.abs() >= 1e-3
+        assert torch.equal(decided[clear], (margin >= 0)[clear]), what
+
+    for D, M, (has_up, has_bias) in itertools.product((72, 200), (1, 3, 16, 70),
+                                                      itertools.product((True, False), repeat=2)):
+        if M == 70 and (D, has_up, has_bias) != (72, True, True):  # past the decode kernel: once
+            continue
+        x = _randn(gen, M, D, dtype=dtype, scale=2.0).view(M, 1, D)
+        w = (1.0 + 0.3 * torch.randn(D, generator=gen)).to(DEV, torch.float32 if M == 3 else dtype)
+        down = _randn(gen, 8 if has_up else 9, D, scale=D ** -0.5)
+        up = _randn(gen, 5, 8, scale=0.35) if has_up else None
+        bias = _randn(gen, 5 if has_up else 9, scale=0.1) if has_bias else None
+
+        def call(be, x=x, w=w, r=(down, up, bias)):
+            return wk.rms_norm_route(x, w, 1e-5, *r, backend=be)
+
+        def reference(x=x, w=w, r=(down, up, bias)):
+            return (wk.rms_norm_route(x, w, 1e-5, *r, backend=REFERENCE)[0],
+                    wk.router_margin(x.float(), *r, decide=False, backend=REFERENCE))
+
+        yield f"D={D} M={M} up={has_up} bias={has_bias}", call, reference, compare
+
+
 def _state(g):
     return (torch.zeros(g, device=DEV), torch.zeros(g, dtype=torch.bool, device=DEV),
             torch.zeros((), dtype=torch.int64, device=DEV),
@@ -237,6 +269,7 @@ CASES = {
     "router_margin": _router_margin_cases,
     "coherent_select": _coherent_select_cases,
     "coherent_route": _coherent_route_cases,
+    "rms_norm_route": _rms_norm_route_cases,
 }
 
 

@@ -14,7 +14,8 @@ Tensor conventions (all backends agree; mask True = execute):
 Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
 `router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and
 `coherent_select` (batch-coherent decode's shared top-k with its EMA memory and refresh schedule), and
-`coherent_route`, the two in one launch for a decode step.
+`coherent_route`, the two in one launch for a decode step; `rms_norm_route` gives a layer's HF RMSNorm output with
+its router's decisions (one launch for both at a decode step).
 
 Under ``torch.compile`` every op here (and `make_plan`) is a graph break that runs eagerly
 (``torch.compiler.disable``): the compiler fuses the model's own glue between them (norms, RoPE,
@@ -275,6 +276,35 @@ def router_margin(x, down, up=None, bias=None, *, normalize: bool = True, eps: f
     call = dict(x=x, down=down, up=up, bias=bias)
     return dispatch.choose("router_margin", backend, call, x.device).router_margin(
         x, down, up, bias, normalize=normalize, eps=eps, decide=decide)
+
+
+@torch.compiler.disable
+def rms_norm_route(x, norm_weight, norm_eps: float, down, up=None, bias=None, *, normalize: bool = True,
+                   eps: float = 1e-6, backend: str = "auto"):
+    """A layer's RMSNorm and its router's decisions from the same pre-norm residual ``x``, in one launch on the
+    triton backend at a decode step (both read ``x`` and its sum of squares).
+
+    ``y = norm_weight * (x32 * rsqrt(mean(x32^2) + norm_eps)).to(x.dtype)`` (HF ``LlamaRMSNorm`` /
+    ``Qwen2RMSNorm``; the product in fp32, rounded once to ``x``'s dtype) and ``router_margin(x, down, up, bias,
+    normalize=normalize, eps=eps) >= 0``: ``norm_eps`` is the model's ``rms_norm_eps``, ``eps`` the router's own.
+
+    Args:
+        x: ``[..., D]`` pre-norm residual stream.
+        norm_weight: ``[D]``, the norm's weight.
+        norm_eps: the norm's epsilon.
+        down, up, bias, normalize, eps: the router, as in `router_margin`.
+        backend: as in `gemm_mn`. The triton kernel takes up to 64 rows; longer inputs run the norm in torch and
+            `router_margin`.
+
+    Returns:
+        ``(y [..., D] in x.dtype, decisions [..., G] bool)``.
+    """
+    _check_router("rms_norm_route", x, down, up, bias)
+    if tuple(norm_weight.shape) != (x.shape[-1],):
+        raise ValueError(f"rms_norm_route: norm_weight {tuple(norm_weight.shape)} must be [{x.shape[-1]}]")
+    call = dict(x=x, norm_weight=norm_weight, down=down, up=up, bias=bias)
+    return dispatch.choose("rms_norm_route", backend, call, x.device).rms_norm_route(
+        x, norm_weight, norm_eps, down, up, bias, normalize=normalize, eps=eps)
 
 
 def _check_coherent(what: str, g: int, ema, selection, step, keep, memory, refresh_every, keep_scale, groups,

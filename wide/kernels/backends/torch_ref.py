@@ -112,6 +112,10 @@ class TorchBackend(KernelBackend):
             m = F.linear(m, up, bias)
         return m >= 0 if decide else m.float()
 
+    def rms_norm_route(self, x, norm_weight, norm_eps, down, up, bias, *, normalize=True, eps=1e-6):
+        return hf_rms_norm(x, norm_weight, norm_eps), self.router_margin(x, down, up, bias, normalize=normalize,
+                                                                         eps=eps)
+
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
                         groups=None):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)
@@ -137,6 +141,15 @@ class TorchBackend(KernelBackend):
                                     decide=False)
         return self.coherent_select(margin, ema, selection, step, keep=keep, memory=memory,
                                     refresh_every=refresh_every, keep_scale=keep_scale, groups=groups)
+
+
+def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm / Qwen2RMSNorm (``weight * normed``, not Gemma's ``1 + weight``), in ``x``'s dtype:
+    ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)`` with the product taken in fp32 and rounded once
+    (exactly HF's product when ``weight`` has ``x``'s dtype: two 16-bit values multiply exactly in fp32)."""
+    x32 = x.float()
+    h = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * h.to(x.dtype).float()).to(x.dtype)
 
 
 def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:

@@ -197,6 +197,18 @@ class TritonBackend(KernelBackend):
             ok, why = False, "needs a contiguous state"
         return ok, why
 
+    def verify_rms_norm_route(self, x, norm_weight, down, up=None, bias=None, **_):
+        ok, why = self.verify_router_margin(x, down, up, bias)
+        if ok:
+            ok, why = _device_ok(x, norm_weight)
+        if ok and torch.is_grad_enabled() and norm_weight.requires_grad:
+            ok, why = False, "autograd is not supported (forward-only backend)"
+        if ok and norm_weight.dtype not in _DTYPES:
+            ok, why = False, f"dtype {norm_weight.dtype} not in fp16/bf16/fp32"
+        if ok and norm_weight.stride(-1) != 1:
+            ok, why = False, "the norm weight needs a contiguous last dimension"
+        return ok, why
+
     # ---- ops: the op families' host functions ----------------------------------------------
 
     def gemm_mn(self, x, weight, mask, *, bias=None, activation=None, plan=None, out=None, config=None):
@@ -237,6 +249,11 @@ class TritonBackend(KernelBackend):
         from ..triton import router as host
 
         return host.router_margin(x, down, up, bias, normalize, eps, decide)
+
+    def rms_norm_route(self, x, norm_weight, norm_eps, down, up, bias, *, normalize=True, eps=1e-6):
+        from ..triton import router as host
+
+        return host.rms_norm_route(x, norm_weight, norm_eps, down, up, bias, normalize, eps)
 
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
                         groups=None):

@@ -24,17 +24,20 @@ from .common import arrival_counters, capturing
 def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, D, R, G, CHUNK,
                           sxm, sdr, sug, som, eps,
                           ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, M, weight, keep, refresh_every, scale64,
-                          NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
+                          gamma_ptr, y_ptr, sym, norm_eps, NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr,
                           HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, SPLIT: tl.constexpr,
                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                           COHERENT: tl.constexpr, ADAPTIVE: tl.constexpr, LIST: tl.constexpr,
-                          BLOCK_GC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr):
+                          BLOCK_GC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
+                          WRITE_NORM: tl.constexpr):
     # program (row, s): the first GEMV over columns [s * CHUNK, (s + 1) * CHUNK) of x and ``down``, so that
     # SPLIT programs per row stream the router's weights at once; each writes its partial sums, and the
     # row's last program to finish (an atomic counter) adds them in split order (deterministic), then
     # does the norm, the second GEMV, the bias and the comparison. It resets the counter for the next call.
     # COHERENT: the margins' rows then meet at one more counter (slot M), and the last row's program runs
     # batch-coherent decode's selection over all of them (`_coherent_step`): routing a decode step in one launch.
+    # WRITE_NORM: the last program also writes the row's HF RMSNorm ``y`` (`rms_norm_route`), from the same sum of
+    # squares: the layer's norm and its router in one launch.
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -66,6 +69,15 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
             h = tl.sum(tl.load(rows + r[None, :], cache_modifier=".cg"), axis=0)
             sq = tl.sum(tl.load(part_ptr + (row * SPLIT + sp) * (BLOCK_R + 1) + BLOCK_R, cache_modifier=".cg"), axis=0)
             tl.store(cnt_ptr + row, 0)
+        if WRITE_NORM:  # HF Llama / Qwen RMSNorm: weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)
+            inv = tl.rsqrt(sq / D + norm_eps)
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + tl.arange(0, BLOCK_D)
+                din = d < D
+                xv = tl.load(x_ptr + row * sxm + d, mask=din, other=0.0).to(tl.float32)
+                gv = tl.load(gamma_ptr + d, mask=din, other=0.0).to(tl.float32)
+                yv = gv * (xv * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
+                tl.store(y_ptr + row * sym + d, yv.to(y_ptr.dtype.element_ty), mask=din)
         if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
             h = h * tl.rsqrt(sq / D + eps)
         for g0 in range(0, G, BLOCK_G):
@@ -180,7 +192,11 @@ def _coherent_blocks(B: int, G: int) -> tuple[int, int, int]:
 
 
 def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Tensor, decide: bool,
-                   coherent: dict | None = None) -> None:
+                   coherent: dict | None = None, norm: tuple | None = None) -> None:
+    """``norm``: ``(weight [D], y [M, D], norm_eps)``, the layer's RMSNorm the last programs also write (per-token
+    routing only: not with ``coherent``)."""
+    if norm is not None and coherent is not None:
+        raise ValueError("router kernel: the fused norm is for per-token routing, not with coherent selection")
     M, D = x.shape
     R = down.shape[0]
     G = dst.shape[1]
@@ -208,10 +224,13 @@ def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Te
         c.get("ema", dst), c["selection"].view(torch.uint8) if coherent else dst, step, order, n, M,
         1.0 - float(c.get("memory", 0.0)), int(c["keep"]) if c.get("keep") is not None else 0,
         int(c.get("refresh_every", 1)), round(c.get("keep_scale", 1.0) * 64),
+        norm[0] if norm else dst, norm[1] if norm else dst, norm[1].stride(0) if norm else 0,
+        float(norm[2]) if norm else 0.0,
         NORMALIZE=bool(normalize), HAS_UP=up is not None, HAS_BIAS=bias is not None, DECIDE=bool(decide),
         SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g,
         COHERENT=coherent is not None, ADAPTIVE=coherent is not None and c.get("keep") is None,
-        LIST=c.get("groups") is not None, BLOCK_GC=bg, BLOCK_J=bj, BLOCK_B=bb, num_warps=4)
+        LIST=c.get("groups") is not None, BLOCK_GC=bg, BLOCK_J=bj, BLOCK_B=bb, WRITE_NORM=norm is not None,
+        num_warps=4)
 
 
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
@@ -296,6 +315,28 @@ def router_margin_decode(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor |
         raise ValueError(f"router_margin: the kernel takes up to 64 rows, got {M}")
     _margin_launch(x, down, up, bias, normalize, eps, out.view(torch.uint8) if decide else out, decide)
     return out
+
+
+def rms_norm_route(x: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float, down: torch.Tensor,
+                   up: torch.Tensor | None, bias: torch.Tensor | None, normalize: bool,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., D]`` -> (the HF RMSNorm ``y [..., D]``, bool decisions ``[..., G]``); see
+    `wide.kernels.rms_norm_route`. Decode-sized calls (up to `KERNEL_MAX_ROWS` rows) take one launch (the router kernel's last program per row
+    writes ``y``), longer ones the torch norm and `router_margin`."""
+    from ..backends.torch_ref import hf_rms_norm
+
+    D = x.shape[-1]
+    x2 = x.reshape(-1, D)
+    G = up.shape[0] if up is not None else down.shape[0]
+    if x2.shape[0] > KERNEL_MAX_ROWS or x2.shape[0] == 0 or G == 0:
+        return hf_rms_norm(x, norm_weight, norm_eps), router_margin(x, down, up, bias, normalize, eps, True)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    out = torch.empty(x2.shape[0], G, device=x.device, dtype=torch.bool)
+    _margin_launch(x2, down, up, bias, normalize, eps, out.view(torch.uint8), True,
+                   norm=(norm_weight, y, norm_eps))
+    return y.view(x.shape), out.view(*x.shape[:-1], G)
 
 
 def coherent_route(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
