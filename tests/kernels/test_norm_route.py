@@ -127,7 +127,8 @@ def test_bad_shapes_and_coherent_are_rejected():
         wk.rms_norm_route(x, torch.ones(47, device=DEV), 1e-5, *r)
     out = torch.empty(2, 5, device=DEV)
     with pytest.raises(ValueError, match="coherent"):
-        host._margin_launch(x, *r, True, 1e-6, out, False, coherent={}, norm=(torch.ones(48), torch.empty_like(x), 1e-5))
+        host._margin_launch(x, *r, True, 1e-6, out, False, coherent={},
+                            norm=(torch.ones(48), torch.empty_like(x), 1e-5))
 
 
 def test_hf_formula_is_llama_rmsnorm():

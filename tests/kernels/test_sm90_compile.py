@@ -105,25 +105,31 @@ class Recorder:
 # ---- routing kernels: fixed signatures -------------------------------------------------------------
 for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
     # (coherent: batch-coherent decode's selection in the last row's program, `coherent_route`)
-    for has_up, decide, split, coherent in ((True, True, 32, None), (True, False, 1, None), (False, True, 64, None),
-                                            (True, False, 32, (True, True, 128, 128)),
-                                            (True, False, 64, (False, False, 512, 16))):
+    # (norm: the layer's RMSNorm written by the last program too, `rms_norm_route`)
+    for has_up, decide, split, coherent, norm in ((True, True, 32, None, False), (True, False, 1, None, False),
+                                                  (False, True, 64, None, False),
+                                                  (True, False, 32, (True, True, 128, 128), False),
+                                                  (True, False, 64, (False, False, 512, 16), False),
+                                                  (True, True, 32, None, True), (False, True, 1, None, True)):
+        dst = "*u8" if decide else "*fp32"
         sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
                "out_ptr": "*u8" if decide else "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "D": "i32",
                "R": "i32", "G": "i32", "CHUNK": "i32", "sxm": "i32", "sdr": "i32", "sug": "i32", "som": "i32",
                "eps": "fp32", "ema_ptr": "*fp32", "sel_ptr": "*u8", "step_ptr": "*i64", "order_ptr": "*i32",
                "n_ptr": "*i32", "M": "i32", "weight": "fp32", "keep": "i32", "refresh_every": "i32",
-               "scale64": "i32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr", "HAS_BIAS": "constexpr",
-               "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_D": "constexpr", "BLOCK_R": "constexpr",
-               "BLOCK_G": "constexpr", "COHERENT": "constexpr", "ADAPTIVE": "constexpr", "LIST": "constexpr",
-               "BLOCK_GC": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
+               "scale64": "i32", "gamma_ptr": f"*{xdtype}" if norm else dst, "y_ptr": f"*{xdtype}" if norm else dst,
+               "sym": "i32", "norm_eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr",
+               "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_D": "constexpr",
+               "BLOCK_R": "constexpr", "BLOCK_G": "constexpr", "COHERENT": "constexpr", "ADAPTIVE": "constexpr", "LIST": "constexpr",
+               "BLOCK_GC": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr", "WRITE_NORM": "constexpr"}
         adaptive, listed, bgc, bj = coherent or (False, False, 16, 16)
         consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "SPLIT": split,
                   "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128, "COHERENT": coherent is not None,
                   "ADAPTIVE": adaptive, "LIST": listed, "BLOCK_GC": bgc, "BLOCK_J": bj,
-                  "BLOCK_B": 16 if bgc <= 128 else 8}
+                  "BLOCK_B": 16 if bgc <= 128 else 8, "WRITE_NORM": norm}
         job("router._router_margin_kernel",
-            f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent}", sig, consts)
+            f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent} norm={norm}", sig,
+            consts)
 # a prefill router's tail (`router_tail`, after the cuBLAS GEMM): low-rank with the hi / lo halves of fp32 weights
 # (rank 32, BLOCK_M 8) and rank 128 (BLOCK_M 4); linear routers (G = R outputs, up to 1024)
 for xdtype, has_up, split, decide, bm, br, bg in (("bf16", True, True, True, 8, 32, 16),
@@ -348,7 +354,9 @@ PATHS = {
                                      "coherent one block": lambda c: c["COHERENT"] and c["BLOCK_J"] == c["BLOCK_GC"],
                                      "coherent j-blocks": lambda c: c["COHERENT"] and c["BLOCK_J"] < c["BLOCK_GC"],
                                      "split": lambda c: c["SPLIT"] > 1, "one program": lambda c: c["SPLIT"] == 1,
-                                     "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
+                                     "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"],
+                                     "norm split": lambda c: c["WRITE_NORM"] and c["SPLIT"] > 1,
+                                     "norm one program": lambda c: c["WRITE_NORM"] and c["SPLIT"] == 1},
     "router._router_tail_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
                                    "hi / lo halves": lambda c: c["SPLIT"], "one h": lambda c: not c["SPLIT"],
                                    "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},

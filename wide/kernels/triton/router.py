@@ -321,8 +321,8 @@ def rms_norm_route(x: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float, 
                    up: torch.Tensor | None, bias: torch.Tensor | None, normalize: bool,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` -> (the HF RMSNorm ``y [..., D]``, bool decisions ``[..., G]``); see
-    `wide.kernels.rms_norm_route`. Decode-sized calls (up to `KERNEL_MAX_ROWS` rows) take one launch (the router kernel's last program per row
-    writes ``y``), longer ones the torch norm and `router_margin`."""
+    `wide.kernels.rms_norm_route`. Decode-sized calls (up to `KERNEL_MAX_ROWS` rows) take one launch (the router
+    kernel's last program per row writes ``y``), longer ones the torch norm and `router_margin`."""
     from ..backends.torch_ref import hf_rms_norm
 
     D = x.shape[-1]
