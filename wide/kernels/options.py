@@ -16,7 +16,8 @@ from wide.registry import suggest
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
-    """Switches of the triton backend's default configs (each ``True`` = the tuned default)."""
+    """Switches of the triton backend's default configs (each ``True`` = the tuned default, but for the ones not
+    yet measured on the H200, which default to ``False``)."""
 
     persistent_mn: bool = True
     """Prefill-sized gemm_mn / SwiGLU (M >= 1024, groups of >= 128) take the persistent kernel over the active
@@ -33,6 +34,11 @@ class KernelOptions:
     combine, `wide.kernels.ffn_experts`); ``False`` keeps the per-tile swiglu + gemm_k path. End to end on the H200
     (8B shape, 50%, 2026-12-02, benchmarks/results/2026-12-02b-h200): FFN groups of 2048 1.50x / 1.53x at 4k / 16k
     prefill against 1.38x / 1.44x per tile; 1024 1.40x / 1.49x against 1.39x / 1.43x; 0% 0.98x / 0.99x."""
+
+    decode_norm_route: bool = False
+    """Decode steps (at most 64 rows) with per-token routing fuse each routed layer's RMSNorm (Llama / Qwen form)
+    with its router: one `wide.kernels.rms_norm_route` launch writes the norm's output and the decisions, two
+    launches a layer fewer (`wide.modeling.normroute`). Off until measured on the H200."""
 
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""

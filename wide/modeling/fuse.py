@@ -31,6 +31,7 @@ from torch import nn
 
 _COMPILED: dict[tuple[Callable, str], Callable] = {}
 _ROPE = "apply_rotary_pos_emb"
+_INNER = "_wide_inner_forward"  # `wide.modeling.normroute.INNER`: the forward under a routed norm's wrapper
 
 
 def _compiled(fn: Callable, backend: str) -> Callable:
@@ -75,8 +76,12 @@ def fuse_glue(model: nn.Module, backend: str = "inductor") -> dict[str, int]:
     for module in model.modules():
         kind = "norm" if _hf_class(module, "RMSNorm") else "mlp" if _plain_mlp(module) else None
         if kind is not None:
-            if not hasattr(module.forward, "_wide_original"):
-                module.forward = types.MethodType(_compiled(type(module).forward, backend), module)
+            # a norm whose forward `enable_kernels` wrapped (`wide.modeling.normroute`) gets the compiled forward
+            # under the wrapper, which stays outermost
+            wrapped = _INNER in vars(module)
+            if not hasattr(getattr(module, _INNER) if wrapped else module.forward, "_wide_original"):
+                compiled = types.MethodType(_compiled(type(module).forward, backend), module)
+                setattr(module, _INNER if wrapped else "forward", compiled)
             counts[kind] += 1
         elif _hf_class(module, "Attention"):
             arch_module = sys.modules[type(module).__module__]
@@ -94,6 +99,8 @@ def unfuse_glue(model: nn.Module) -> None:
     for module in model.modules():
         if "forward" in vars(module) and hasattr(module.forward, "_wide_original"):
             del module.forward  # the instance attribute: the class forward shows through again
+        if hasattr(vars(module).get(_INNER), "_wide_original"):
+            setattr(module, _INNER, types.MethodType(type(module).forward, module))
         if _hf_class(module, "Attention"):
             arch_module = sys.modules[type(module).__module__]
             rope = getattr(arch_module, _ROPE, None)

@@ -12,7 +12,9 @@ execution. Per routed layer it:
   keep the reference path);
 - replaces the MLP by one that runs ``swiglu`` (gate and up under one mask, one pass over x) and
   ``gemm_k`` for ``down_proj`` (SiLU-gated MLPs; others keep the reference path); groups of at least
-  `wide.kernels.experts.EXPERT_MIN_GROUP` channels go through ``ffn_experts`` instead (prefill: as experts).
+  `wide.kernels.experts.EXPERT_MIN_GROUP` channels go through ``ffn_experts`` instead (prefill: as experts);
+- wraps the forward of each norm a router reads before (Llama / Qwen RMSNorms): with
+  ``KernelOptions.decode_norm_route`` a decode step computes its output with the router (`wide.modeling.normroute`).
 
 One routing plan per layer and kind is built once per forward and shared by the paired ops. K/V
 projections stay dense, so HF caches (dynamic or static) work unchanged. State-dict keys do not
@@ -29,6 +31,8 @@ from torch import nn
 
 from wide.modeling.architectures import ArchSpec, get_path
 from wide.modeling.layer import MaskedActivation, WideLayer
+from wide.modeling.normroute import install as install_norm_route
+from wide.modeling.normroute import is_plain_rms_norm
 from wide.modeling.wrap import runtime_of
 
 
@@ -173,6 +177,10 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
     for layer, wl, arch in _routed_layers(model):
         wl.backend = backend
         wl.kernels_enabled = True
+        for sub, path in (("attn", arch.attn_norm), ("ffn", arch.ffn_norm)):
+            norm = get_path(layer, path)
+            if wl.decides_at(sub) and is_plain_rms_norm(norm):  # `KernelOptions.decode_norm_route`'s seam
+                install_norm_route(norm)
         attn = get_path(layer, arch.attn)
         if "attn" in wl.gating:
             for name, mode in ((arch.q_proj, "mn"), (arch.o_proj, "k")):

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from wide.modeling.normroute import norm_route
 from wide.modeling.runtime import WideRuntime
 from wide.policies.base import SUBLAYERS, Policy, RouterSlot
 from wide.policies.coherent import selection_groups
@@ -145,8 +146,9 @@ class WideLayer(nn.Module):
         self._head_src = None if mask is None else (mask, per_group)
         self._head_mask = None
 
-    def route_attention(self, residual: torch.Tensor) -> None:
-        """Called with the pre-attention-norm residual ``[B, T, D]``: starts the layer's forward."""
+    def route_attention(self, residual: torch.Tensor, norm: Optional[nn.Module] = None) -> None:
+        """Called with the pre-attention-norm residual ``[B, T, D]``: starts the layer's forward. ``norm``: the norm
+        about to read it (a decode step may compute its output with the router: `wide.modeling.normroute`)."""
         self.join_routing()
         self._set_heads(None)
         self._heads_zeroed = False
@@ -162,7 +164,7 @@ class WideLayer(nn.Module):
             return
         side = self._overlap_stream(residual)
         if side is None:
-            self._route(slots, residual)
+            self._route(slots, residual, norm)
             return
         # the router reads the residual after the work queued so far; the masks, plans and kernels that read its
         # decisions come after `join_routing`
@@ -171,15 +173,17 @@ class WideLayer(nn.Module):
             self._route(slots, residual)
         self._pending = side
 
-    def route_ffn(self, residual: torch.Tensor) -> None:
-        """Called with the pre-FFN-norm residual ``[B, T, D]``."""
+    def route_ffn(self, residual: torch.Tensor, norm: Optional[nn.Module] = None) -> None:
+        """Called with the pre-FFN-norm residual ``[B, T, D]`` (``norm``: as in `route_attention`)."""
         self.join_routing()
         if self.runtime.routing:  # routing off (`WideRuntime.routing_off`): no masks, every group executes
-            self._route(self._reads["ffn"], residual)
+            self._route(self._reads["ffn"], residual, norm)
 
-    def _route(self, slots: list[RouterSlot], residual: torch.Tensor) -> None:
-        for slot in slots:
-            mask = self._decide(slot.kind, residual)
+    def _route(self, slots: list[RouterSlot], residual: torch.Tensor, norm: Optional[nn.Module] = None) -> None:
+        for i, slot in enumerate(slots):
+            mask = norm_route(self, slot, residual, norm) if norm is not None and i == 0 else None
+            if mask is None:
+                mask = self._decide(slot.kind, residual)
             for sub in slot.gates:
                 self.group_mask[sub] = mask
                 if sub == "attn":

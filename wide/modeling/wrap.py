@@ -177,9 +177,9 @@ def _begin_hook(runtime: WideRuntime, text_cfg, module, args, kwargs):
 def _route_hook(wl: WideLayer, kind: str, module, args, kwargs):
     residual = args[0] if args else next(iter(kwargs.values()))
     if kind == "attn":
-        wl.route_attention(residual)
+        wl.route_attention(residual, module)
     else:
-        wl.route_ffn(residual)
+        wl.route_ffn(residual, module)
 
 
 def is_routed(model: nn.Module) -> bool:
