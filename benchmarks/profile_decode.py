@@ -9,6 +9,8 @@ sides with ``wide.fuse_glue`` unless ``--no-fuse-glue``. torch.profiler records 
 their gap (the GPU idle between kernels that a graph does not remove: launch latency, tails).
 
     PYTHONPATH=. python3 benchmarks/profile_decode.py --batch 1 --layers 8
+    PYTHONPATH=. python3 benchmarks/profile_decode.py --batch 1 --router lowrank --no-overlap-routing \
+        --kernel-option decode_norm_route=1    # a decode step's norms fused with their routers
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ def kernel_table(step, iters: int) -> tuple[float, dict[str, tuple[float, int]]]
 
 
 def main(argv=None) -> None:
-    ap = common.parser(__doc__, device=None, shape="llama-8b", layers=8, outputs=False)
+    ap = common.parser(__doc__, device=None, shape="llama-8b", layers=8, outputs=False, kernel_options=True)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--coherent", action="store_true")
     ap.add_argument("--no-fuse-glue", action="store_true")
+    ap.add_argument("--no-overlap-routing", action="store_true",
+                    help="the attention router on the main stream (as `wide bench --no-overlap-routing`)")
     ap.add_argument("--top", type=int, default=25)
     common.add_routing_args(ap)
     args = ap.parse_args(argv)
@@ -51,6 +55,7 @@ def main(argv=None) -> None:
 
     import wide
     from wide.bench.dense import SLICED, use_attention
+    from wide.kernels import use_kernel_options
     from wide.bench.runners import DecodeRunner
 
     model = common.random_model(args.shape, args.layers, device, dtype)
@@ -65,10 +70,12 @@ def main(argv=None) -> None:
 
     common.route(model, args.sparsity, args.router, args.ffn_group_size, args.attn_group_size,
                  fuse_glue=not args.no_fuse_glue, coherent=args.coherent)
-    runner = DecodeRunner(model, args.batch, args.context, True)
-    assert runner.mode == "graph", runner.mode
-    results[f"routed ({'coherent' if args.coherent else 'per-token'}, {args.sparsity:.0%})"] = \
-        kernel_table(runner.step, args.iters)
+    wide.set_overlap_routing(model, not args.no_overlap_routing)
+    with use_kernel_options(common.kernel_options_of(args)):  # captured under them
+        runner = DecodeRunner(model, args.batch, args.context, True)
+        assert runner.mode == "graph", runner.mode
+        results[f"routed ({'coherent' if args.coherent else 'per-token'}, {args.sparsity:.0%})"] = \
+            kernel_table(runner.step, args.iters)
 
     print(common.meta_line(common.meta(device)))
     L = args.layers
