@@ -93,9 +93,14 @@ def parser(doc: Optional[str], *, device: Optional[str] = "cuda", dtype: Optiona
                                                      "as JSON here")
         ap.add_argument("--md", default=None, help="also write the printed table, with the same header, here")
     if kernel_options:
+        import dataclasses
+
+        from wide.kernels.options import KernelOptions
+
+        names = ", ".join(f.name for f in dataclasses.fields(KernelOptions))
         ap.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
-                        help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
-                             "persistent_mn, skinny_swap, decode_fold), e.g. skinny_swap=0; repeatable")
+                        help=f"an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
+                             f"{names}), e.g. skinny_swap=0; repeatable")
     return ap
 
 

@@ -12,6 +12,10 @@
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
 #   realbench     [detached, GPU 0] wide bench on Qwen2.5-1.5B with the trained WIDE routers of the qwen grid
+#   prefill25     [detached] issue 25's A/Bs: gemm_mn with / without the persistent kernel, FFN experts end to end
+#   tables        [detached] the kernel table, the 8B end-to-end rows with floors, the frontier's speed rows
+#   train         [detached] SmolLM2 FFN-group and frontier grids (assets: recv 00..03 first), GPU tests beside them
+#   smolbench     [detached] SmolLM2 with the train stage's routers: decode rows, generate --compare, compiled dense
 #   status        log tails; results packed into $OUT/results.tgz
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).

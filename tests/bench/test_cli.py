@@ -259,3 +259,15 @@ def test_bench_on_gpu_has_floors_and_captures_the_compiled_dense_step(tmp_path, 
         assert r["mode"].endswith("routed graph")
         if r["sparsity"] == 0:
             assert r["routed_bytes"]["weights"] == r["dense_bytes"]["weights"]
+
+
+def test_bench_help_names_every_kernel_option():
+    """`wide bench`'s parser spells the options out (it imports no torch); every `KernelOptions` field is there."""
+    import dataclasses
+
+    from wide.bench.cli import parser
+    from wide.kernels.options import KernelOptions
+
+    text = parser().format_help().replace("\n", " ")
+    for f in dataclasses.fields(KernelOptions):
+        assert f.name in text, f"wide bench --help does not name the kernel option {f.name}"

@@ -49,7 +49,8 @@ def parser() -> argparse.ArgumentParser:
                    help="auto (the fastest available per op), torch, gather, triton, or a registered plug-in backend")
     p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
                    help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
-                        "persistent_mn, skinny_swap, decode_fold, ffn_experts), e.g. skinny_swap=0; repeatable")
+                        "persistent_mn, skinny_swap, decode_fold, ffn_experts, decode_norm_route), e.g. skinny_swap=0; "
+                        "repeatable")  # spelled out: this parser imports no torch (a test holds it to the fields)
     p.add_argument("--router", choices=["random", "lowrank"], default="random",
                    help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
                         "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
