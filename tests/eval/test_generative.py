@@ -109,7 +109,7 @@ def test_eval_reports_generative_metrics_next_to_sparsity(olmo_cache, tiny_model
     out = tmp_path / "ev"
     rc = main(["eval", "--model", tiny_model_dir, "--router", "topk", "--sparsity", "0.5", "--attn-group-size", "2",
                "--ffn-group-size", "32", "--tasks", "none", "--ppl-source", "none", "--generative", "all",
-               "--gen-prompts", str(prompts), "--limit", "2", "--gen-max-new-tokens", "6", "--agree-tokens", "4",
+               "--gen-prompts", str(prompts), "--limit", "5", "--gen-limit", "2", "--gen-max-new-tokens", "6", "--agree-tokens", "4",
                "--device", "cpu", "--output", str(out)])
     io = capsys.readouterr()
     assert rc == 0, io.err
@@ -127,6 +127,7 @@ def test_eval_reports_generative_metrics_next_to_sparsity(olmo_cache, tiny_model
 @pytest.mark.parametrize("args, message", [
     (["--generative", "poetry"], "generative: unknown poetry"),
     (["--generative", "agreement", "--agree-tokens", "0"], "agree-tokens: must be >= 1"),
+    (["--generative", "arithmetic", "--gen-limit", "0"], "gen-limit: must be >= 1"),
     (["--generative", "agreement", "--gen-prompts", "missing.txt"], "prompt-file: missing.txt is not a file"),
 ])
 def test_bad_generative_flags_fail_before_loading(tiny_model_dir, capsys, args, message):

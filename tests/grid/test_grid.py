@@ -1,12 +1,13 @@
 """`wide grid`: grid files, cells, commands, a tiny 2x2 run with tables and plots, resume, LoRA cells, shipped grids."""
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, write_grid
+from grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, set_eval, write_grid
 from wide.grid import grid_main, load_grid, run_grid
 from wide.grid.commands import eval_argv, fit_argv
 from wide.grid.spec import config_value, effective_config
@@ -140,6 +141,25 @@ def test_lora_cells_share_stage1_and_skip_calibration(tmp_path, tiny_model_dir, 
     assert "calibrate+lora" in (out / "results.md").read_text()
 
 
+def test_cells_can_add_generative_metrics_and_the_tables_show_them(tmp_path, tiny_model_dir, tiny_corpus):
+    axes = [{"name": "method", "values": {
+                "dense": {"routing": False},
+                "topk": {"skip_calibration": True, "model.init_args.routing.router": "topk",
+                         "eval.generative": "arithmetic"}}}]
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, axes)
+    set_eval(path, tasks="piqa", limit=3, gen_limit=2, ppl_window=32, ppl_max_tokens=64, device="cpu")
+    res = run_grid(str(path), launcher="inprocess")
+    assert len(res["done"]) == 2 and not res["failed"]
+    out = tmp_path / "out"
+    ev = json.loads((out / "cells/method=topk/eval/results.json").read_text())
+    assert ev["generative"]["arithmetic"]["n"] == 2 and ev["tasks"]["piqa"]["n"] == 3
+    assert "generative" not in json.loads((out / "cells/method=dense/eval/results.json").read_text())
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert [r["arithmetic_em"] != "" for r in rows] == [False, True] and "token_agreement" not in rows[0]
+    md = (out / "results.md").read_text()
+    assert "| avg | arith EM |" in md and "arith EM: 5-shot basic-arithmetic exact match" in md
+
+
 def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir, tiny_corpus):
     axes = [{"name": "method", "values": {"dense": {"routing": False},
                                           "broken": {"model.init_args.routing.ffn_group_size": 48}}}]
@@ -238,6 +258,8 @@ GRID_LOSS = {
     "ffn_groups_smollm2-135m.yaml": {"*": (0.0, "mixture")},
     "frontier_qwen2.5-1.5b.yaml": {"*": (0.0, "mixture"), "wide_distill": (1.0, "mixture")},
     "frontier_smollm2-135m.yaml": {"*": (0.0, "mixture"), "wide_distill": (1.0, "mixture")},
+    "long_smollm2-135m.yaml": {"*": (1.0, "mixture"), "wide_lm": (0.0, "default")},
+    "targets_qwen2.5-1.5b.yaml": {"*": (1.0, "mixture")},
     "methods_x_sparsity.yaml": {"*": (1.0, "mixture")},
     "quality_cpu.yaml": {"*": (0.0, "default")},
     "quality_qwen2.5-1.5b.yaml": {"*": (0.0, "default")},

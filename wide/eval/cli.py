@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--generative", default="none",
                    help="generative metrics: comma list of arithmetic (5-shot exact match), agreement (greedy answers "
                         "vs the dense model's on held-out chat prompts), 'all' or 'none' (default); --limit bounds them")
+    e.add_argument("--gen-limit", type=int, default=None,
+                   help="first N items per generative metric (default: --limit): generation is the slow part")
     e.add_argument("--gen-max-new-tokens", type=int, default=64, help="tokens per agreement answer at most (default 64)")
     e.add_argument("--agree-tokens", type=int, default=32,
                    help="first N dense answer tokens the token agreement compares (default 32)")
@@ -158,8 +160,9 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
         for name in ("gen_max_new_tokens", "agree_tokens", "batch_size"):  # the numbers: no import needed
             if getattr(args, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"limit: must be >= 1, got {args.limit}")
+        for name in ("limit", "gen_limit"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
         ppl_docs = ppl_limit(args)
     except ValueError as err:
         print(f"wide eval: error: {err}", file=sys.stderr)
@@ -182,7 +185,8 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
             ppl_source=args.ppl_source, ppl_window=args.ppl_window, ppl_stride=args.ppl_stride,
             ppl_max_tokens=args.ppl_max_tokens, ppl_docs=ppl_docs, task_data=task_data,
             generative=parse_generative(args.generative),
-            gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts)
+            gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts,
+            gen_limit=args.gen_limit)
         if args.gen_prompts is not None and "agreement" in settings.generative:
             from wide.data.prompts import prompt_file
 

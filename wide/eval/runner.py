@@ -41,6 +41,7 @@ class EvalSettings:
         gen_max_new_tokens: Tokens generated at most per agreement answer.
         agree_tokens: Reference answer tokens the token agreement compares.
         gen_prompts: Agreement prompts file (``None``: the held-out questions of `wide.data.prompts`).
+        gen_limit: First N items per generative metric (``None``: ``limit``).
     """
 
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
@@ -57,6 +58,7 @@ class EvalSettings:
     gen_max_new_tokens: int = 64
     agree_tokens: int = 32
     gen_prompts: Optional[str] = None
+    gen_limit: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -169,10 +171,11 @@ def run_generative(loaded: LoadedModel, settings: EvalSettings, log: Callable[[s
 
     out: dict[str, Any] = {}
     model, tok = loaded.model, loaded.tokenizer
+    limit = settings.gen_limit if settings.gen_limit is not None else settings.limit
     for name in settings.generative:
         t0 = time.perf_counter()
         if name == "arithmetic":
-            res = G.arithmetic(model, tok, limit=settings.limit, batch_size=settings.batch_size,
+            res = G.arithmetic(model, tok, limit=limit, batch_size=settings.batch_size,
                                data_dir=settings.task_data.get("basic_arithmetic"), log=log)
             score = f"exact match {100 * res['exact_match']:.2f}"
         else:
@@ -181,7 +184,7 @@ def run_generative(loaded: LoadedModel, settings: EvalSettings, log: Callable[[s
             questions = prompt_file(settings.gen_prompts) if settings.gen_prompts else question_prompts(held_out=True)
             reference, kind = G.dense_reference(loaded, settings.batch_size, log)
             res = G.agreement(model, tok, reference=reference, reference_kind=kind, questions=questions,
-                              limit=settings.limit, batch_size=settings.batch_size,
+                              limit=limit, batch_size=settings.batch_size,
                               max_new_tokens=settings.gen_max_new_tokens, agree_tokens=settings.agree_tokens, log=log)
             score = (f"token agreement {100 * res['token_agreement']:.2f}, exact match {100 * res['exact_match']:.2f} "
                      f"(reference: {kind})")

@@ -34,12 +34,23 @@ def _task_names(rows: list[dict[str, Any]]) -> list[str]:
     return [t for t in TASKS if t in seen] + sorted(seen - set(TASKS))
 
 
+GENERATIVE_COLUMNS = {"arithmetic_em": "arith EM", "token_agreement": "agreement"}
+"""``wide eval --generative`` summary fields a grid reports (CSV name: Markdown header), when any cell measured them."""
+
+
+def _gen_columns(rows: list[dict[str, Any]]) -> list[str]:
+    seen = {k for r in rows for k, v in ((r.get("summary") or {}).get("generative") or {}).items() if v is not None}
+    return [k for k in GENERATIVE_COLUMNS if k in seen]
+
+
 def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """CSV columns and values (numbers unformatted; scores and sparsities as fractions)."""
     axes = [a.name for a in spec.axes]
     tasks = _task_names(rows)
+    gens = _gen_columns(rows)
     cols = ["cell", *axes, "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity",
             "realized_by_weight", "realized_attn", "realized_ffn", "ppl", "ppl_sparsity", *tasks, "avg", "zeroshot_sparsity",
+            *gens,
             "calibrate_steps", "calibrate_tokens", "calibrate_wall_s", "lora_steps", "lora_tokens", "lora_wall_s",
             "eval_wall_s"]
     out = []
@@ -58,6 +69,8 @@ def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], li
                          "eval_wall_s": r.get("eval", {}).get("wall_s")})
             for t in tasks:
                 flat[t] = r.get("tasks", {}).get(t, {}).get("score")
+            for g in gens:
+                flat[g] = (s.get("generative") or {}).get(g)
             for stage, run in (r.get("runs") or {}).items():
                 flat[f"{stage}_steps"] = run.get("steps")
                 flat[f"{stage}_tokens"] = run.get("tokens")
@@ -98,6 +111,7 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
     """Scores table (realized sparsity next to the target) and a runs table (steps, tokens, wall time)."""
     axes = [a.name for a in spec.axes]
     tasks = _task_names(rows)
+    gens = _gen_columns(rows)
     short = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "boolq": "BoolQ", "winogrande": "Wino",
              "piqa": "PIQA", "openbookqa": "OBQA", "hellaswag": "HSwag"}
     hw = next((r.get("hardware") for r in rows if r.get("hardware")), None) or {}
@@ -118,13 +132,14 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
                      + ")" + (f"; zero-shot {'first ' + str(lim) + ' items per task' if lim else 'all items'}"
                               if settings.get("tasks") else "; no zero-shot tasks") + ".")
     lines += ["", "| " + " | ".join([*axes, "routing", "trained", "target", "realized", "by weight", "ppl",
-                                      *[short.get(t, t) for t in tasks], "avg"]) + " |",
-              "|" + "---|" * (len(axes) + 2) + "---:|" * (5 + len(tasks))]
+                                      *[short.get(t, t) for t in tasks], "avg",
+                                      *[GENERATIVE_COLUMNS[g] for g in gens]]) + " |",
+              "|" + "---|" * (len(axes) + 2) + "---:|" * (5 + len(tasks) + len(gens))]
     for r in rows:
         labels = [str(r.get("labels", {}).get(a, "")) for a in axes]
         s = r.get("summary")
         if not s:
-            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (6 + len(tasks))]) + " |")
+            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (6 + len(tasks) + len(gens))]) + " |")
             continue
         ts = r.get("tasks", {})
         lines.append("| " + " | ".join([
@@ -132,12 +147,15 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
             _pct(s["sparsity"].get("by_weight")),
             "–" if s.get("ppl") is None else f"{s['ppl']:.2f}",
             *[_pct(ts[t]["score"]) if t in ts else "–" for t in tasks], _pct(s.get("avg")),
+            *[_pct((s.get("generative") or {}).get(g)) for g in gens],
         ]) + " |")
     lines += ["", "target/realized: target and realized sparsity (%; realized over all eval forwards, token-weighted; "
               "the target is by weight under `sparsity_measure: weight`); realized is the router kinds' skip rates "
               "averaged, by weight the share of the routed weights' work skipped (what speed follows). "
               "Scores: acc_norm for ARC, PIQA, OBQA, HellaSwag, acc for BoolQ and WinoGrande (%); avg over the tasks "
-              "shown.", ""]
+              "shown." + (" arith EM: 5-shot basic-arithmetic exact match; agreement: share of the dense model's "
+                          "first greedy answer tokens the model predicts (`wide eval --generative`)." if gens else ""),
+              ""]
     run_rows = [r for r in rows if r.get("runs")]
     if run_rows:
         lines += ["### Runs", "", "| cell | stage | steps | tokens | wall time | batch × seq_len |", "|---|---|---:|---:|---:|---|"]

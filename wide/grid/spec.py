@@ -61,7 +61,8 @@ RESOURCES = ("gpus", "cpus")
 """``resources.<name>`` keys a cell may set (what its Ray task asks for)."""
 # wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
 EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
-                "ppl_window", "ppl_stride", "ppl_max_tokens", "ppl_limit", "add_bos", "task_data", "quiet")
+                "ppl_window", "ppl_stride", "ppl_max_tokens", "ppl_limit", "add_bos", "task_data", "quiet",
+                "generative", "gen_limit", "gen_max_new_tokens", "agree_tokens", "gen_prompts")
 
 
 @dataclass
