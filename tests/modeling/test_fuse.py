@@ -63,6 +63,19 @@ def test_fused_dense_model_gives_the_same_logits_and_unfuses(arch_name):
         torch.testing.assert_close(b, a)
 
 
+def test_one_fused_norm_serves_more_shapes_than_dynamos_default_recompile_limit():
+    # every layer's norm runs one compiled function; batch and length 1 vs > 1 and each dtype are separate
+    # specialisations (12 here), past torch's default limit of 8 (a hard failure under fullgraph=True)
+    model = tiny_model("llama", num_hidden_layers=1)
+    fuse_glue(model, CPU_BACKEND)
+    norm = model.model.norm
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for b, t in ((1, 1), (1, 5), (3, 1), (3, 5)):
+            x = torch.randn(b, t, model.config.hidden_size).to(dtype)
+            with torch.inference_mode():
+                torch.testing.assert_close(norm(x), type(norm).forward(norm, x))
+
+
 def test_fused_routed_model_matches_unfused_per_token_and_coherent():
     """Fused before routing (as ``wide bench --fuse-glue`` does) and with routed kernels on: the routed MLP
     replaces the fused dense one; norms and RoPE stay fused; same logits over a static cache."""

@@ -30,6 +30,11 @@ import torch
 from torch import nn
 
 _COMPILED: dict[tuple[Callable, str], Callable] = {}
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function recompile limit while glue is fused (torch's default: 8). One compiled norm / RoPE serves
+every layer at every shape the model runs, and dynamo specialises sizes 0 / 1 apart from larger ones: prefill and
+decode, batch 1 and larger, the dense and routed sides, calibration forwards — on 2026-12-02 a SmolLM2 and an 8B
+bench hit 8 (`--no-overlap-routing`, low-rank routers), which under ``fullgraph=True`` is a hard failure."""
 _ROPE = "apply_rotary_pos_emb"
 _INNER = "_wide_inner_forward"  # `wide.modeling.normroute.INNER`: the forward under a routed norm's wrapper
 
@@ -38,6 +43,9 @@ def _compiled(fn: Callable, backend: str) -> Callable:
     """One compiled wrapper per original function (and backend), shared by every module that runs it."""
     key = (fn, backend)
     if key not in _COMPILED:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         out = torch.compile(fn, fullgraph=True, backend=backend)
         out._wide_original = fn  # also marks a module forward as fused (a bound method shows its attributes)
         _COMPILED[key] = out
