@@ -66,6 +66,58 @@ def test_bench_rejects_router_with_checkpoint(tmp_path):
         bench_main(["--checkpoint", str(tmp_path / "r.safetensors"), "--router", "lowrank"])
 
 
+def test_bench_ids_cut_rows_from_the_text_stream_or_are_random():
+    import torch
+
+    from wide.bench.models import bench_ids, use_text_ids
+
+    model = mock.Mock(spec=[])
+    model.config = mock.Mock(vocab_size=50)
+    rnd = bench_ids(model, (2, 7), "cpu")
+    assert rnd.shape == (2, 7) and int(rnd.max()) < 50
+    use_text_ids(model, torch.arange(10))
+    ids = bench_ids(model, (2, 7), "cpu")
+    assert ids.tolist() == [[0, 1, 2, 3, 4, 5, 6], [5, 6, 7, 8, 9, 0, 1]]  # row r at r * n / rows, wrapping
+
+
+def test_bench_times_trained_routers_on_text_and_says_so(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """``--checkpoint`` reads text by default (``--ids auto``): every timed forward's ids come from the source's
+    token stream, in the model's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import wide
+    from wide.bench import runners
+    from wide.io.checkpoint import save_trained
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cfg = wide.WideConfig(sparsity=0.4, attn_group_size=2, ffn_group_size=32)
+    wide.apply_wide(model, cfg)
+    ckpt = tmp_path / "routers.safetensors"
+    save_trained(model, ckpt, config=cfg, stage="calibrate")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    vocab = set()
+    for doc in open(tiny_corpus).read().split("\n\n"):
+        vocab |= set(tok(doc, add_special_tokens=False)["input_ids"])
+    seen = []
+    real = runners.bench_ids
+    with mock.patch.object(runners, "bench_ids", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1]):
+        bench_main(["--model", tiny_model_dir, "--checkpoint", str(ckpt), "--text-source", tiny_corpus,
+                    "--prefill", "16", "--decode-batch", "2", "--context", "8", "--iters", "1", "--dtype", "fp32",
+                    "--json", str(tmp_path / "b.json")])
+    assert seen and all(set(t.flatten().tolist()) <= vocab | {tok.eos_token_id} for t in seen)
+    assert f"token ids: text ({tiny_corpus!r}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b.json").read_text())["args"]["ids"] == "text"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ids", "text"], "--ids text needs --model"),
+    (["--model", "x", "--ids", "text", "--text-source", "missing.txt"], "--text-source"),
+])
+def test_bench_text_ids_fail_before_loading(args, message):
+    with pytest.raises(SystemExit, match=message):
+        bench_main(args)
+
+
 def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     """``--checkpoint``: masks from the saved routers (lowrank, here freshly initialised) instead of synthetic
     ones; one sparsity row, the checkpoint's own target."""
@@ -81,7 +133,7 @@ def test_bench_with_trained_routers_from_a_checkpoint(tmp_path, tiny_model_dir):
     save_trained(model, ckpt, config=cfg, stage="calibrate")
     out = tmp_path / "bench.json"
     bench_main(["--model", tiny_model_dir, "--checkpoint", str(ckpt), "--prefill", "16", "--decode-batch", "1",
-                "--context", "8", "--iters", "1", "--dtype", "fp32", "--json", str(out)])
+                "--context", "8", "--iters", "1", "--dtype", "fp32", "--ids", "random", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert {r["sparsity"] for r in rows} == {0.4} and len(rows) == 2
     assert 0.0 <= rows[0]["realized"] <= 1.0 and all(r["routed_ms"] > 0 for r in rows)
@@ -109,7 +161,9 @@ def test_bench_decodes_a_real_shape_with_trained_routers_at_batch_1_4_16(tmp_pat
     bench_main(["--model", str(folder), "--checkpoint", str(tmp_path / "routers.safetensors"), "--decode-batch", "1",
                 "4", "16", "--prefill", "--coherent", "--context", "8", "--iters", "1", "--dtype", "fp32",
                 "--json", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    assert result["args"]["ids"] == "random"  # --ids auto: the folder has no tokenizer, so random ids
+    rows = result["rows"]
     assert [(r["phase"], r["batch"], r["routing"]) for r in rows] == [
         ("decode", b, routing) for routing in ("per-token", "coherent") for b in (1, 4, 16)]
     for r in rows:

@@ -51,6 +51,13 @@ def parser() -> argparse.ArgumentParser:
                    help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
                         "persistent_mn, skinny_swap, decode_fold, ffn_experts, decode_norm_route), e.g. skinny_swap=0; "
                         "repeatable")  # spelled out: this parser imports no torch (a test holds it to the fields)
+    p.add_argument("--ids", choices=["auto", "random", "text"], default="auto",
+                   help="token ids every timed forward reads: random ids below 1000, or text (--text-source in the "
+                        "model's tokenizer; trained routers skip another share of random ids than of text); auto: "
+                        "text with --checkpoint when the model has a tokenizer, else random")
+    p.add_argument("--text-source", default="default",
+                   help="the text of --ids text: 'default' (the default corpus's held-out split, wide eval's "
+                        "perplexity set) or any wide.data source (.txt/.jsonl/.parquet, folder, prose corpus name)")
     p.add_argument("--router", choices=["random", "lowrank"], default="random",
                    help="synthetic masks' source: random draws at the rate (two launches per layer and kind), or "
                         "untrained low-rank routers whose biases are calibrated to the rate (a trained router's "
@@ -104,6 +111,17 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
                          "already compiles both sides' forwards")
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
+    if args.ids == "auto" and not (args.checkpoint and args.model):
+        args.ids = "random"  # (with both, `run_latency` takes text when the model has a tokenizer)
+    if args.ids == "text" and not args.model:
+        raise SystemExit("wide bench: --ids text needs --model with a tokenizer (the default 8B shape has none)")
+    if args.ids != "random" and args.text_source != "default":
+        from wide.data.sources import check_source
+
+        try:
+            check_source(args.text_source)
+        except ValueError as err:
+            raise SystemExit(f"wide bench: --text-source: {err}") from None
     if args.json:
         from wide.outputs import check_output_file
 
@@ -138,7 +156,12 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             return 0
         # the device's bandwidth, for the decode rows' floors: measured first, with the device's memory free
         bandwidth = measure_bandwidth(args.device) if args.decode_batch else None
-        rows = this.run_latency(args, bandwidth)
+        try:
+            rows = this.run_latency(args, bandwidth)
+        except ValueError as err:
+            if not str(err).startswith(("ids:", "text-source:")):
+                raise
+            raise SystemExit(f"wide bench: --{err}") from None
     print(format_table(rows))
     switches = kernel_switches()
     for line in latency_notes(args, rows, switches, bandwidth):

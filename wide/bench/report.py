@@ -71,6 +71,10 @@ def latency_notes(args, rows: list[dict], switches: dict, bandwidth: Optional[di
                                  for k, v in r["dense_variants"].items())
             read = f" (reads {_size(r['dense_bytes']['total'])} a step)" if "dense_bytes" in r else ""
             lines.append(f"dense decode batch {r['batch']}{read}: {variants} (fastest is the baseline)")
+    if getattr(args, "ids", None) == "text":
+        lines.append(f"token ids: text ({args.text_source!r} in the model's tokenizer)")
+    elif getattr(args, "ids", None) == "random":
+        lines.append("token ids: random (below 1000)")
     if args.compile:
         lines.append(f"both sides' forwards under torch.compile(backend={args.compile!r}); routed ops run as eager "
                      "graph breaks")

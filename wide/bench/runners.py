@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from wide.bench.models import random_ids
+from wide.bench.models import bench_ids
 from wide.modeling.generate import cache_kwarg
 
 
@@ -75,7 +75,7 @@ class PrefillRunner:
     def __init__(self, model, tokens: int, graph: bool):
         self.model = model
         dev = next(model.parameters()).device
-        self.ids = random_ids(model, (1, tokens), device=dev)
+        self.ids = bench_ids(model, (1, tokens), device=dev)
         self.graph = None
         self.mode = "eager"
         if graph and dev.type == "cuda":
@@ -116,7 +116,7 @@ class ChunkedPrefillRunner:
         import wide
 
         dev = next(model.parameters()).device
-        self.ids = random_ids(model, (1, tokens), device=dev)
+        self.ids = bench_ids(model, (1, tokens), device=dev)
         self.gen = wide.Generator(model, batch_size=1, max_cache_len=-(-tokens // chunk) * chunk, chunk=chunk,
                                   whole_from=None, graphs=dev.type == "cuda")
         self.step()  # the first call captures the chunk's graph
@@ -140,7 +140,7 @@ class DecodeRunner:
         self.attn_ctx = attn_ctx
         self.step_fn = step_fn if step_fn is not None else model
         dev = next(model.parameters()).device
-        self.ids = random_ids(self.model, (batch, 1), device=dev)
+        self.ids = bench_ids(self.model, (batch, 1), device=dev)
         self.mode = "eager"
         self.graph = None
         if graphs and dev.type == "cuda":
@@ -159,7 +159,7 @@ class DecodeRunner:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
-        prompt = random_ids(self.model, (self.batch, self.context), device=dev)
+        prompt = bench_ids(self.model, (self.batch, self.context), device=dev)
         with torch.inference_mode():
             self.model(input_ids=prompt, **{cache_kwarg(self.model): self.cache}, use_cache=True, logits_to_keep=1)
 
@@ -167,7 +167,7 @@ class DecodeRunner:
         from transformers import StaticCache
 
         cache = StaticCache(config=self.model.config, max_cache_len=self.context + 8)
-        prompt = random_ids(self.model, (self.batch, self.context), device=dev)
+        prompt = bench_ids(self.model, (self.batch, self.context), device=dev)
         pos = torch.tensor([self.context], device=dev)
         with torch.inference_mode():
             self.model(input_ids=prompt, **{cache_kwarg(self.model): cache}, use_cache=True, logits_to_keep=1,

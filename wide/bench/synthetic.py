@@ -26,7 +26,7 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
     `wide bench --router lowrank` times the router a trained model would run (its kernels and launches), with
     random weights: each router's execute margin is shifted (`wide.routers.base.shift_execute_margin`) by the
     ``sparsity`` quantile of its margins per group, over the residual streams of one prompt of ``tokens`` random
-    ids (``passes`` times, as each layer's input depends on the routers before it), and its expected rate (the
+    ids, or text when the bench times text (``passes`` times, as each layer's input depends on the routers before it), and its expected rate (the
     kernels' density hint) set to ``sparsity``. The rates it then realizes are the bench's "realized" columns.
     Every group at the rate suits random routers; a trained model keeps its learned split and gets one shift for
     all routers instead (`wide.modeling.rate.fit_rate`).
@@ -44,8 +44,13 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
                              "(linear / lowrank / mlp / static)")
         r.spec = dataclasses.replace(r.spec, target_sparsity=float(sparsity))
     device = next(model.parameters()).device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen).to(device)
+    from wide.bench.models import TEXT_ATTR, bench_ids
+
+    if getattr(model, TEXT_ATTR, None) is not None:  # the bench times text: calibrate on the same stream
+        ids = bench_ids(model, (1, tokens), device)
+    else:
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=gen).to(device)
     for _ in range(passes):
         seen: dict = {}
         for i, k, r in routers:
