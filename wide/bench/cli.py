@@ -94,6 +94,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def text_ids(args: argparse.Namespace):
+    """The token stream of ``--ids text`` (or ``auto`` with a checkpoint), or ``None`` for random ids; sets
+    ``args.ids`` to what was chosen. ``auto`` on a model without a tokenizer falls back to random ids and says so."""
+    if args.ids == "random":
+        return None
+    from wide.bench.models import text_tokens
+    from wide.data.tokens import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except Exception as err:  # noqa: BLE001 - any failure means: no tokenizer to cut text with
+        if args.ids == "text":
+            raise SystemExit(f"wide bench: --ids text needs the model's tokenizer; {args.model!r} has none "
+                             f"({err})") from None
+        print(f"wide bench: --ids auto: random ids ({args.model!r} has no tokenizer)", file=sys.stderr)
+        args.ids = "random"
+        return None
+    try:
+        stream = text_tokens(tokenizer, args.text_source)
+    except ValueError as err:
+        raise SystemExit(f"wide bench: --text-source: {err}") from None
+    args.ids = "text"
+    return stream
+
+
 def bench_main(argv: Optional[list[str]] = None) -> int:
     """Entry point of ``wide bench``; returns the exit status (bad flags exit with one line naming the flag)."""
     args = parser().parse_args(argv)
@@ -146,6 +171,7 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             compile_options(args.dense_compile)
     except ValueError as err:
         raise SystemExit(f"wide bench: {err}") from None
+    ids = None if args.quality else text_ids(args)  # before any weights load
     t0 = time.time()
     with use_kernel_options(options):
         if args.quality:
@@ -156,12 +182,7 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
             return 0
         # the device's bandwidth, for the decode rows' floors: measured first, with the device's memory free
         bandwidth = measure_bandwidth(args.device) if args.decode_batch else None
-        try:
-            rows = this.run_latency(args, bandwidth)
-        except ValueError as err:
-            if not str(err).startswith(("ids:", "text-source:")):
-                raise
-            raise SystemExit(f"wide bench: --{err}") from None
+        rows = this.run_latency(args, bandwidth, ids)
     print(format_table(rows))
     switches = kernel_switches()
     for line in latency_notes(args, rows, switches, bandwidth):

@@ -3,44 +3,32 @@ at every sparsity (synthetic masks) or with the checkpoint's routers."""
 
 from __future__ import annotations
 
-import sys
-
 from typing import Optional
 
 import torch
 
 from wide.bench.dense import best_dense_decode
 from wide.bench.floor import StepShape, decode_step_bytes, floor_fields, router_bytes, step_masks
-from wide.bench.models import build_model, compile_forward, text_tokens, use_text_ids
+from wide.bench.models import build_model, compile_forward, use_text_ids
 from wide.bench.report import coherent_name
 from wide.bench.runners import ChunkedPrefillRunner, DecodeRunner, PrefillRunner, timed
 from wide.bench.synthetic import set_synthetic_rate
 
 
-def run_latency(args, bandwidth: Optional[dict] = None) -> list[dict]:
+def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tensor] = None) -> list[dict]:
     """The latency rows of one ``wide bench`` run (``args``: its parsed flags); dense times are taken first, then the
     model is routed in place and timed at every sparsity. Decode rows carry each side's bytes read per step and,
-    given the device's measured ``bandwidth`` (`wide.bench.floor.measure_bandwidth`), its floor."""
+    given the device's measured ``bandwidth`` (`wide.bench.floor.measure_bandwidth`), its floor. ``ids``: a token
+    stream every timed forward cuts its ids from (`wide.bench.models.bench_ids`); ``None``: random ids."""
     import wide
     from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     torch.manual_seed(0)
-    # text before weights: a model without a tokenizer fails before minutes of loading (`--ids auto` falls back to
-    # random ids then, and says so)
-    stream = None
-    if args.ids in ("text", "auto"):
-        try:
-            stream = text_tokens(args.model, args.text_source)
-        except ValueError as err:
-            if args.ids == "text" or not str(err).startswith("ids:"):
-                raise
-            print(f"wide bench: --ids auto: random ids ({str(err).split('; ', 1)[-1]})", file=sys.stderr)
-        args.ids = "text" if stream is not None else "random"
     model = build_model(args.model, args.layers, args.device, dtype)
-    if stream is not None:
-        use_text_ids(model, stream)
+    if ids is not None:
+        use_text_ids(model, ids)
     dev = next(model.parameters()).device
     shape = StepShape.of(model)
     keys = args.context + 1  # the prompt and the step's own token

@@ -23,26 +23,16 @@ TEXT_ATTR = "_wide_bench_text"
 """The model attribute holding the token stream `bench_ids` cuts rows from (set by `use_text_ids`)."""
 
 
-def text_tokens(model: str, source: str = "default") -> torch.Tensor:
-    """One token stream (1-D) of ``source``'s documents (`wide.data` sources; ``default``: the default corpus's
-    held-out split, what `wide eval` scores perplexity on) in ``model``'s tokenizer, each document closed by EOS."""
-    from transformers import AutoTokenizer
-
-    from wide.assets import resolve_model
+def text_tokens(tokenizer, source: str = "default") -> torch.Tensor:
+    """``source``'s documents (`wide.data` sources; ``default``: the default corpus's held-out split) as the one token
+    stream `wide eval` scores perplexity on (`wide.eval.perplexity.token_stream`), 1-D."""
+    from wide.eval.perplexity import token_stream
     from wide.eval.runner import ppl_documents
 
-    try:
-        tok = AutoTokenizer.from_pretrained(resolve_model(model))
-    except Exception as err:  # noqa: BLE001 - any failure means: no tokenizer to cut text with
-        raise ValueError(f"ids: --ids text needs the model's tokenizer; {model!r} has none ({err})") from None
-    ids: list[int] = []
-    for doc in ppl_documents(source):
-        ids += tok(doc, add_special_tokens=False, verbose=False)["input_ids"]
-        if tok.eos_token_id is not None:
-            ids.append(tok.eos_token_id)
-    if len(ids) < 2:
-        raise ValueError(f"text-source: {source!r} gave {len(ids)} tokens")
-    return torch.tensor(ids, dtype=torch.long)
+    stream = torch.from_numpy(token_stream(tokenizer, ppl_documents(source)))
+    if stream.numel() < 2:
+        raise ValueError(f"{source!r} gave {stream.numel()} tokens")
+    return stream
 
 
 def use_text_ids(model, stream: torch.Tensor) -> None:

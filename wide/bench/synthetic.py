@@ -26,8 +26,8 @@ def calibrate_routers(model, sparsity: float, tokens: int = 512, passes: int = 2
     `wide bench --router lowrank` times the router a trained model would run (its kernels and launches), with
     random weights: each router's execute margin is shifted (`wide.routers.base.shift_execute_margin`) by the
     ``sparsity`` quantile of its margins per group, over the residual streams of one prompt of ``tokens`` random
-    ids, or text when the bench times text (``passes`` times, as each layer's input depends on the routers before it), and its expected rate (the
-    kernels' density hint) set to ``sparsity``. The rates it then realizes are the bench's "realized" columns.
+    ids, or text when the bench times text (``passes`` times, as each layer's input depends on the routers before
+    it), and its expected rate (the kernels' density hint) set to ``sparsity``. The rates it then realizes are the bench's "realized" columns.
     Every group at the rate suits random routers; a trained model keeps its learned split and gets one shift for
     all routers instead (`wide.modeling.rate.fit_rate`).
     """
