@@ -137,7 +137,7 @@ def bench_main(argv: Optional[list[str]] = None) -> int:
     if args.checkpoint and args.router != "random":
         raise SystemExit("wide bench: --router picks the synthetic masks' source; --checkpoint brings trained routers")
     if args.ids == "auto" and not (args.checkpoint and args.model):
-        args.ids = "random"  # (with both, `run_latency` takes text when the model has a tokenizer)
+        args.ids = "random"  # (with both, `text_ids` takes text when the model has a tokenizer)
     if args.ids == "text" and not args.model:
         raise SystemExit("wide bench: --ids text needs --model with a tokenizer (the default 8B shape has none)")
     if args.ids != "random" and args.text_source != "default":
