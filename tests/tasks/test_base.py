@@ -137,3 +137,54 @@ def test_the_by_weight_target_trains_every_baseline(granularity, router, tiny_mo
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
     with pytest.raises(ValueError, match="sparsity_measure"):
         wide.WideConfig(sparsity_measure="flops")
+
+
+def test_layer_cap_penalises_each_layer_past_it(tiny_model_dir):
+    """``layer_cap``: every (layer, kind) rate past the cap adds ``lam * (rate - cap)``, summed; layers under it add
+    nothing; the gradient reaches only the routers of the layers past it."""
+    from types import SimpleNamespace
+
+    from wide.tasks import RouterCalibration
+
+    cfg = wide.WideConfig(sparsity=0.5, ffn_group_size=32)
+    task = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=2.0, layer_cap=0.7)
+    attn = torch.tensor([0.5, 0.9], requires_grad=True)
+    ffn = torch.tensor([0.75, 0.2], requires_grad=True)
+    mean = (torch.cat([attn, ffn]).mean().detach())
+    stats = SimpleNamespace(kinds=["attn", "ffn"], skip_grad={"attn": attn, "ffn": ffn},
+                            realized=lambda kind=None, differentiable=False: mean)
+    loss, logs = task.sparsity_loss(stats)
+    over = (0.9 - 0.7) + (0.75 - 0.7)
+    assert abs(logs["over_cap"].item() - over) < 1e-6
+    assert abs(loss.item() - 2.0 * (abs(0.5 - mean.item()) + over)) < 1e-6
+    loss.backward()
+    assert attn.grad.tolist() == [0.0, 2.0] and ffn.grad.tolist() == [2.0, 0.0]
+    uncapped = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=2.0)
+    _, logs = uncapped.sparsity_loss(stats)
+    assert "over_cap" not in logs
+
+
+def test_layer_cap_in_training_lowers_the_highest_layer_rate(tiny_model_dir):
+    """On a real routed forward the capped loss differs from the uncapped one by exactly the overshoot of the
+    stats' per-layer rates."""
+    from wide.tasks import RouterCalibration
+
+    cfg = wide.WideConfig(sparsity=0.5, ffn_group_size=32, sparsity_measure="weight")
+    model = wide.apply_wide(tiny_model("llama"), cfg).train()
+    model(torch.randint(3, 96, (2, 8)))
+    stats = wide.sparsity_stats(model)
+    cap = 0.55
+    capped = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=1.0, layer_cap=cap).sparsity_loss(stats)[0]
+    plain = RouterCalibration(model=tiny_model_dir, routing=cfg, lam=1.0).sparsity_loss(stats)[0]
+    rates = torch.cat([stats.skip[k] for k in stats.kinds])
+    assert torch.allclose(capped - plain, (rates - cap).clamp_min(0).sum())
+
+
+@pytest.mark.parametrize("cap,match", [(0.0, "in \\(0, 1\\]"), (1.5, "in \\(0, 1\\]"), (True, "layer_cap"),
+                                       ("0.8", "layer_cap"), (0.4, "below the sparsity target")])
+def test_layer_cap_checked_before_anything_loads(cap, match, tiny_model_dir):
+    from wide.tasks import RouterCalibration
+
+    with pytest.raises(ValueError, match=match):
+        RouterCalibration(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32),
+                          layer_cap=cap)
