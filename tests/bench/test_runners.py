@@ -55,3 +55,50 @@ def test_prefill_capture_keeps_the_eager_causal_mask_decision():
         assert masking_utils.is_tracing(None) is True  # the simulated capture's answer is back
     finally:
         masking_utils.is_tracing = real_tracing
+
+
+def test_decode_ids_are_the_tokens_after_each_rows_prompt_or_one_random_token():
+    from unittest import mock
+
+    import torch
+
+    from wide.bench.models import bench_ids, decode_ids, use_text_ids
+
+    model = mock.Mock(spec=[])
+    model.config = mock.Mock(vocab_size=50)
+    rnd = decode_ids(model, 3, 8, "cpu")
+    assert rnd.shape == (1, 3, 1) and int(rnd.max()) < 50
+    use_text_ids(model, torch.arange(100))
+    ids = decode_ids(model, 2, 8, "cpu", tokens=4)
+    assert ids.shape == (4, 2, 1)
+    prompt = bench_ids(model, (2, 8), "cpu")
+    assert ids[:, :, 0].T.tolist() == [[8, 9, 10, 11], [58, 59, 60, 61]]  # each row's prompt continues
+    assert prompt[:, -1].tolist() == [7, 57]
+
+
+def test_decode_runner_cycles_real_tokens_and_averages_their_rates():
+    """On text ids one `step` runs a decode step per token of the pool at the same context, and `average` reads
+    each token's own routing: the row's rate is the tokens' mean, not the first token's."""
+    import torch
+
+    import wide
+    from tests.conftest import tiny_model
+    from wide.bench.latency import _realized
+    from wide.bench.models import DECODE_TOKENS, use_text_ids
+    from wide.bench.runners import DecodeRunner
+
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)).eval()
+    use_text_ids(model, torch.randint(3, 96, (400,), generator=torch.Generator().manual_seed(0)))
+    runner = DecodeRunner(model, 2, 8, graphs=False)
+    assert runner.tokens == DECODE_TOKENS
+    runner.step()
+    assert runner.cache.get_seq_length() == 8  # every step dropped its token: the context stays fixed
+    mean = runner.average(lambda: _realized(model))
+    rates = []
+    for i in range(runner.tokens):
+        runner._one(i)
+        rates.append(_realized(model)["realized_by_weight"])
+    assert abs(mean["realized_by_weight"] - sum(rates) / len(rates)) < 1e-6
+    assert len(set(round(r, 6) for r in rates)) > 1  # tokens route differently: one token is not the rate
+    assert runner.time(warmup=0, iters=1) > 0

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from wide.bench.runners import DecodeRunner, timed
+from wide.bench.runners import DecodeRunner
 
 SLICED = "wide_bench_sliced_sdpa"
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -125,7 +125,7 @@ def _time_variant(model, batch, context, graphs, iters, name, impl, ctx, compile
                 # dynamic cache and lose to the graph variants anyway
                 runner = DecodeRunner(model, batch, context, graphs, attn_ctx=ctx, step_fn=step_fn,
                                       fallback=compile_spec is None)
-                key, ms = f"{name} ({runner.mode.split(' ')[0]})", timed(runner.step, warmup=3, iters=iters)
+                key, ms = f"{name} ({runner.mode.split(' ')[0]})", runner.time(warmup=3, iters=iters)
             del runner
         except Exception as err:  # noqa: BLE001 - a backend that does not take this shape, a failed compile
             why = type(err).__name__

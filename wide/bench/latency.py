@@ -102,9 +102,11 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
             wide.modeling.inference.set_coherent_decode(model, refresh, args.coherent_memory, keep_scale=scale)
             for b in args.decode_batch:
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
-                ms = timed(runner.step, warmup=3, iters=args.iters * 4)
-                realized = _realized(model)  # the last timed step's masks (a graph replay rewrites them)
-                routed = decode_step_bytes(shape, b, keys, step_masks(model), router_bytes(model))
+                ms = runner.time(warmup=3, iters=args.iters * 4)
+                # rates and bytes read after each of the runner's tokens' steps (a graph replay rewrites the masks)
+                realized = runner.average(lambda: _realized(model))
+                rbytes = router_bytes(model)
+                routed = runner.average(lambda: decode_step_bytes(shape, b, keys, step_masks(model), rbytes))
                 d, dmode, dfloor = dense[("decode", b, args.context)]
                 rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, **realized,
                                  routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,

@@ -55,6 +55,25 @@ def bench_ids(model, shape, device) -> torch.Tensor:
     return stream[idx].to(device)
 
 
+DECODE_TOKENS = 16
+"""Tokens a timed decode step cycles through on text ids (`decode_ids`)."""
+
+
+def decode_ids(model, batch: int, context: int, device, tokens: int = DECODE_TOKENS) -> torch.Tensor:
+    """``[K, batch, 1]`` input ids of the timed decode steps: on a text stream (`use_text_ids`) the ``K = tokens``
+    tokens that follow each row's ``context``-token prompt (`bench_ids` cuts the prompt at the same offsets), so the
+    steps route real tokens and their time and rates average over ``K`` of them; on random ids one random token
+    (``K = 1``), as before text ids existed. One token alone is not the model's rate: issue 22's capped Qwen routers
+    skipped 27% by weight on the first token of the default corpus and 47% over its prose."""
+    stream = getattr(model, TEXT_ATTR, None)
+    if stream is None:
+        return random_ids(model, (batch, 1), device)[None]
+    n = stream.numel()
+    offsets = torch.arange(batch) * n // max(batch, 1) + context
+    idx = (offsets[None, :] + torch.arange(tokens)[:, None]) % n  # [K, B]
+    return stream[idx].unsqueeze(-1).to(device)
+
+
 def build_model(model: Optional[str], layers: Optional[int], device: str, dtype: torch.dtype):
     """The model to time in eval mode with SDPA attention: ``model`` (an asset, local folder or hub name) or, when it
     is ``None``, the Llama-3.1-8B shape with random weights; ``layers`` keeps only the first N decoder layers."""

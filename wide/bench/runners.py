@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from wide.bench.models import bench_ids
+from wide.bench.models import bench_ids, decode_ids
 from wide.modeling.generate import cache_kwarg
 
 
@@ -140,7 +140,8 @@ class DecodeRunner:
         self.attn_ctx = attn_ctx
         self.step_fn = step_fn if step_fn is not None else model
         dev = next(model.parameters()).device
-        self.ids = bench_ids(self.model, (batch, 1), device=dev)
+        self.pool = decode_ids(self.model, batch, context, dev)  # [K, B, 1]: the tokens the steps cycle through
+        self.ids = self.pool[0].clone()  # the static input buffer a captured step reads
         self.mode = "eager"
         self.graph = None
         if graphs and dev.type == "cuda":
@@ -190,13 +191,46 @@ class DecodeRunner:
                 decode_step()
         self.cache, self.graph = cache, graph
 
-    def step(self):
+    @property
+    def tokens(self) -> int:
+        """Decode steps one :meth:`step` call runs (the tokens of ``pool``)."""
+        return self.pool.shape[0]
+
+    def _one(self, i: int) -> None:
+        if self.tokens > 1:
+            self.ids.copy_(self.pool[i])  # one tiny copy a step, on both sides of a ratio
         if self.graph is not None:
             self.graph.replay()
             return
         with torch.inference_mode(), self.attn_ctx():
             self.step_fn(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
             self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
+
+    def step(self):
+        """One decode step per token of ``pool`` (each at the same fixed context)."""
+        for i in range(self.tokens):
+            self._one(i)
+
+    def time(self, warmup: int = 3, iters: int = 20) -> float:
+        """Median milliseconds per decode step (of ``iters`` timed :meth:`step` calls, each over ``tokens`` steps)."""
+        return timed(self.step, warmup=warmup, iters=iters) / self.tokens
+
+    def average(self, read: Callable[[], dict]) -> dict:
+        """The mean over ``pool``'s tokens of ``read()`` (numbers, or dicts of numbers) taken after each one's step."""
+        rows = []
+        for i in range(self.tokens):
+            self._one(i)
+            rows.append(read())
+        return _mean(rows)
+
+
+def _mean(rows: list):
+    first = rows[0]
+    if isinstance(first, dict):
+        return {k: _mean([r[k] for r in rows]) for k in first}
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return sum(rows) / len(rows)
+    return first
 
 
 def static_rewind(cache, length: int) -> Callable[[], None]:
