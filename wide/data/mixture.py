@@ -8,6 +8,12 @@ the corpus furthest below its weight's share of the characters taken so far, so 
 ``max_train_tokens`` budget keeps) holds the stated shares until a corpus runs out, after which the others go on in
 their proportions; with no budget every document is used once.
 
+A mixture may also name local files and folders beside the corpora (their ``text`` field; no ``,`` or ``=`` in the
+path): ``mixture:boolq,lambada,coqa,squad,drop,data/qwen-chat=5`` gives a model's own chat answers
+(`wide data generate --chat`) half of the characters and the five corpora the other half, so routers calibrated on
+it meet the target on both kinds of text (on the chat answers alone, Qwen2.5-1.5B's routers skipped 50% by weight
+on chat prompts and 36% on prose).
+
 The default corpus's held-out documents (`wide.data.corpus.default_corpus_split`, which `wide eval` scores
 perplexity on) are left out, so a model trained on the mixture has not seen them. None of the five corpora is a
 `wide eval` zero-shot task except BoolQ, whose passages (not questions) the default corpus already is.
@@ -39,7 +45,7 @@ def parse_mixture(source: str) -> dict[str, float]:
         name, sep, value = item.partition("=")
         name = name.strip()
         if name not in PROSE_CORPORA:
-            raise ValueError(f"source={source!r}: {name!r} is not a prose corpus ({', '.join(PROSE_CORPORA)})")
+            _check_local(source, name, PROSE_CORPORA)
         try:
             weight = float(value) if sep else 1.0
         except ValueError:
@@ -50,6 +56,25 @@ def parse_mixture(source: str) -> dict[str, float]:
             raise ValueError(f"source={source!r}: {name} is given twice")
         weights[name] = weight
     return weights
+
+
+LOCAL_KINDS = ("txt", "txt-dir", "rows", "rows-dir", "saved")
+"""Source kinds (`wide.data.sources.source_kind`) a mixture may hold beside the prose corpora: local files and
+folders, e.g. the shards `wide data generate` writes (read with their ``text`` field)."""
+
+
+def _check_local(source: str, name: str, prose: tuple) -> None:
+    from pathlib import Path
+
+    from wide.data.sources import source_kind
+
+    if not name or not Path(name).expanduser().exists():
+        raise ValueError(f"source={source!r}: {name!r} is not a prose corpus ({', '.join(prose)}) nor an existing "
+                         "file or folder")
+    kind = source_kind(name)  # raises naming the path when it holds nothing readable
+    if kind not in LOCAL_KINDS:
+        raise ValueError(f"source={source!r}: {name!r} is a {kind} source; a mixture takes prose corpora and local "
+                         "files or folders")
 
 
 def interleave(corpora: dict[str, list[str]], weights: dict[str, float]) -> list[str]:
@@ -74,5 +99,9 @@ def mixture_documents(source: str) -> list[str]:
 
     weights = parse_mixture(source)
     held_out = set(default_corpus_split()[1])
-    corpora = {name: [d for d in prose_corpus(name) if d not in held_out] for name in weights}
+    from wide.data.olmo import PROSE_CORPORA
+    from wide.data.sources import load_documents
+
+    corpora = {name: [d for d in (prose_corpus(name) if name in PROSE_CORPORA else load_documents(name))
+                      if d not in held_out] for name in weights}
     return interleave(corpora, weights)

@@ -117,8 +117,8 @@ class TextDataModule(L.LightningDataModule):
         tokenizer: asset name (e.g. ``smollm2-135m``), local tokenizer/model folder, or hub name.
         source: ``default`` (BoolQ Wikipedia passages), a prose corpus name (``lambada``, ``coqa``,
             ``squad``, ``drop``, ``boolq``), ``mixture`` (all five interleaved, `wide.data.mixture`; or
-            ``mixture:lambada=2,coqa=1``), a ``.txt``/``.jsonl``/``.parquet`` file or folder (e.g. the shards of
-            ``wide data generate``), a
+            ``mixture:lambada=2,coqa=1``, which may also name local files or folders), a
+            ``.txt``/``.jsonl``/``.parquet`` file or folder (e.g. the shards of ``wide data generate``), a
             ``save_to_disk`` folder, or a hub dataset name (needs ``datasets``).
         seq_len: tokens per row ``T``.
         batch_size: rows per batch ``B``.
