@@ -183,7 +183,9 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
         extra = {}
         if args.compare:
             result = gen.compare([torch.tensor([i], device=dev) for i in ids], max_new_tokens=args.max_new_tokens)
-            records = _compare_records(tok, prompts, result)
+            from wide.modeling.generate import stop_token_ids
+
+            records = _compare_records(tok, prompts, result, stop_token_ids(tok, gen.model))
             print(_compare_summary(result))
             extra["total"] = result.to_dict()["total"]
         else:
@@ -211,18 +213,18 @@ def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, An
     import torch
 
     from wide.modeling.compare import skipped_share
+    from wide.modeling.generate import cut_at_stop, stop_token_ids
 
     dev = x.device
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    y = gen.generate(x, max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id)
+    stops = stop_token_ids(tok, gen.model)
+    y = gen.generate(x, max_new_tokens=max_new_tokens, eos_token_id=stops or None)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
-    new = y[0, x.shape[1]:].tolist()
-    if tok.eos_token_id is not None and tok.eos_token_id in new:
-        new = new[: new.index(tok.eos_token_id) + 1]
+    new = cut_at_stop(y[0, x.shape[1]:].tolist(), stops)
     return {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new),
             "completion": tok.decode(new, skip_special_tokens=True), "wall_s": wall,
             "tokens_per_s": len(new) / wall if wall > 0 else None,
@@ -248,20 +250,20 @@ def _print(rec: dict[str, Any]) -> None:
           f"{_skipped(rec['skipped'])}]\n")
 
 
-def _text(tok, tokens: list[int]) -> str:
-    """The completion as text, up to its first EOS (``--compare`` decodes past it)."""
-    if tok.eos_token_id is not None and tok.eos_token_id in tokens:
-        tokens = tokens[: tokens.index(tok.eos_token_id) + 1]
-    return tok.decode(tokens, skip_special_tokens=True)
+def _text(tok, tokens: list[int], stops) -> str:
+    """The completion as text, up to its first stop token (``--compare`` decodes past it)."""
+    from wide.modeling.generate import cut_at_stop
+
+    return tok.decode(cut_at_stop(tokens, stops), skip_special_tokens=True)
 
 
-def _compare_records(tok, prompts: list[str], result) -> list[dict[str, Any]]:
+def _compare_records(tok, prompts: list[str], result, stops) -> list[dict[str, Any]]:
     """``--compare``: one record per prompt (printed as it is made) from `wide.Generator.compare`'s result."""
     records = []
     for prompt, pc in zip(prompts, result.prompts):
         rec = {"prompt": prompt, **pc.to_dict()}
         for side in ("dense", "routed"):
-            rec[side]["completion"] = _text(tok, rec[side]["tokens"][0])
+            rec[side]["completion"] = _text(tok, rec[side]["tokens"][0], stops)
         records.append(rec)
         d, r = rec["dense"], rec["routed"]
         first = rec["first_divergence"]

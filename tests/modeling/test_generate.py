@@ -56,12 +56,46 @@ def test_eos_pads_finished_rows_and_stops_when_all_finish():
     assert one.shape[1] < 17 and one[0, -1] == eos  # the only row finished: the loop stopped there
 
 
+def test_any_of_several_stop_ids_finishes_a_row():
+    """A chat model ends its turn with its own token beside the tokenizer's EOS (Qwen2.5: ``<|im_end|>``, then
+    ``<|endoftext|>``): with the list, each row stops at whichever it emits first and the loop ends when all did."""
+    from wide.modeling.generate import cut_at_stop
+
+    model = _routed()
+    ids = torch.randint(3, 96, (2, 5), generator=torch.Generator().manual_seed(1))
+    free = wide.generate(model, ids, max_new_tokens=12)
+    stops = [int(free[0, 5 + 2]), int(free[1, 5 + 3])]  # row 0's third new token, row 1's fourth
+    got = wide.generate(model, ids, max_new_tokens=12, eos_token_id=stops, pad_token_id=0, check_every=1)
+    assert got.shape[1] < 17  # both rows finished: the loop stopped before 12 new tokens
+    for r in range(2):
+        row = got[r, 5:].tolist()
+        kept = cut_at_stop(free[r, 5:].tolist(), stops)
+        assert row[:len(kept)] == kept and kept[-1] in stops and set(row[len(kept):]) <= {0}
+    first_only = wide.generate(model, ids, max_new_tokens=12, eos_token_id=stops[:1], check_every=1)
+    assert first_only.shape[1] >= got.shape[1]
+
+
+def test_stop_token_ids_take_the_tokenizer_eos_then_the_models():
+    from types import SimpleNamespace
+
+    from wide.modeling.generate import cut_at_stop, stop_token_ids
+
+    tok = SimpleNamespace(eos_token_id=151643)
+    chat = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[151645, 151643]))
+    assert stop_token_ids(tok, chat) == [151643, 151645]
+    assert stop_token_ids(tok, SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=7))) == [151643, 7]
+    assert stop_token_ids(SimpleNamespace(eos_token_id=None), None) == []
+    assert cut_at_stop([5, 6, 7, 8], [7, 9]) == [5, 6, 7] and cut_at_stop([5, 6], [7]) == [5, 6]
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(input_ids=torch.ones(2, 3)), "input_ids"),
     (dict(input_ids=torch.ones(5, dtype=torch.long)), "input_ids"),
     (dict(input_ids=torch.full((1, 3), 10**6, dtype=torch.long)), "input_ids"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(eos_token_id=-1), "eos_token_id"),
+    (dict(eos_token_id=[]), "eos_token_id"),
+    (dict(eos_token_id=[1, 10**6]), "eos_token_id"),
     (dict(max_cache_len=4), "max_cache_len"),
     (dict(graphs=True), "graphs"),
     (dict(check_every=0), "check_every"),
@@ -301,3 +335,28 @@ def test_generator_graphs_give_the_eager_tokens_across_calls(coherent, monkeypat
     assert replayed._chunks[16].graph is not None and replayed._step_graph is not None
     # chunks after a prompt's first read their position from the mask (the first may see no mask when eager)
     assert sum(o is not None for o in calls) >= len(calls) // 2
+
+
+def test_generate_many_stops_each_batch_on_any_stop_id():
+    """`wide data generate` and the generative metrics batch through `generate_many`: every stop id reaches the
+    loop (on the first alone, Qwen's chat answers, which end with the second, ran to ``max_new_tokens``)."""
+    from wide.modeling.batched import generate_many
+
+    model = _routed()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    free = generate_many(model, prompts, max_new_tokens=10)
+    stops = [free[0][1], free[1][2]]
+    seen = []
+    real = wide.Generator.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("eos_token_id"))
+        return real(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wide.Generator, "generate", spy)
+        got = generate_many(model, prompts, max_new_tokens=10, stop_ids=stops)
+    assert seen == [stops]
+    for row, full in zip(got, free):  # each answer ends before its first stop token
+        cut = next(i for i, t in enumerate(full) if t in stops)
+        assert row == full[:cut]

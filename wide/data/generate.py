@@ -138,6 +138,7 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
     _check_manifest(out, settings)
     from wide.io.loading import load_model
     from wide.modeling.batched import generate_many
+    from wide.modeling.generate import stop_token_ids
 
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     model, tok = loaded.model, loaded.tokenizer
@@ -151,7 +152,7 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
         questions = None
     if not prompts:
         raise ValueError(f"source: no prompts (documents of more than {args.prompt_tokens} tokens) in {args.source!r}")
-    stop = [t for t in _stop_ids(tok, model) if t is not None]
+    stop = stop_token_ids(tok, model)
     out.mkdir(parents=True, exist_ok=True)
     n_shards = -(-len(prompts) // args.shard_size)
     written = skipped = tokens = 0
@@ -183,15 +184,6 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     log(f"{out}: {n_shards} shards ({written} written, {skipped} already there), {len(prompts)} prompts")
     return manifest
-
-
-def _stop_ids(tok, model) -> list[int]:
-    """The tokens that end a completion: the tokenizer's EOS first, then the model's generation EOS ids."""
-    ids = [tok.eos_token_id]
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    ids += extra if isinstance(extra, list) else [extra]
-    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def generate_main(argv: Optional[Sequence[str]] = None) -> int:

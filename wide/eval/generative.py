@@ -87,18 +87,11 @@ def _sparsity_pass(model, meter: SparsityMeter, prompts: Sequence[Sequence[int]]
     return preds
 
 
-def _stop_ids(tokenizer, model) -> list[int]:
-    """EOS of the tokenizer, then the model's generation EOS ids (chat models end a turn with their own)."""
-    ids = [tokenizer.eos_token_id]
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += extra if isinstance(extra, list) else [extra]
-    return list(dict.fromkeys(i for i in ids if i is not None))
-
-
 def arithmetic(model, tokenizer, *, limit: Optional[int] = None, batch_size: int = 8, max_new_tokens: int = 12,
                data_dir: Optional[str] = None, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """5-shot exact match on basic arithmetic (see the module docstring)."""
     from wide.modeling.batched import generate_many
+    from wide.modeling.generate import stop_token_ids
 
     items = _arithmetic_items(data_dir)
     shots, scored = items[:SHOTS], items[SHOTS:]
@@ -107,7 +100,7 @@ def arithmetic(model, tokenizer, *, limit: Optional[int] = None, batch_size: int
     head = "".join(f"{q} {a}\n\n" for q, a in shots)
     prompts = [tokenizer(head + q, add_special_tokens=True)["input_ids"] for q, _ in scored]
     answers = generate_many(model, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            stop_ids=_stop_ids(tokenizer, model))
+                            stop_ids=stop_token_ids(tokenizer, model))
     texts = [tokenizer.decode(a, skip_special_tokens=True).lstrip(" ").split("\n", 1)[0] for a in answers]
     got = [(m.group(0) if (m := _INT.search(t)) else None) for t in texts]
     hits = [g == a for g, (_, a) in zip(got, scored)]
@@ -143,12 +136,13 @@ def agreement(model, tokenizer, *, reference: Callable[[list[list[int]], int], l
         questions: The held-out prompts (plain questions).
     """
     from wide.modeling.batched import generate_many
+    from wide.modeling.generate import stop_token_ids
 
     questions = list(questions)[:limit] if limit is not None else list(questions)
     prompts = [chat_ids(tokenizer, q) for q in questions]
     dense = reference(prompts, max_new_tokens)
     routed = generate_many(model, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           stop_ids=_stop_ids(tokenizer, model))
+                           stop_ids=stop_token_ids(tokenizer, model))
     heads = [d[:agree_tokens] for d in dense]
     meter = SparsityMeter(model)
     preds = _sparsity_pass(model, meter, prompts, heads, batch_size, _pad(tokenizer))
@@ -172,13 +166,14 @@ def dense_reference(loaded, batch_size: int = 8, log: Callable[[str], None] = la
     """``(reference, kind)`` for :func:`agreement`: the dense model's greedy answers. The loaded model with routing
     off when no adapter (LoRA, sparse) was merged into it (no second copy), else the base model loaded again (its weights moved)."""
     from wide.modeling.batched import generate_many
+    from wide.modeling.generate import stop_token_ids
     from wide.modeling.wrap import is_routed, runtime_of
 
     model, tok = loaded.model, loaded.tokenizer
     merged = bool((loaded.info.get("checkpoint") or {}).get("adapter_merged"))
 
     def answers(m, prompts, n):
-        return generate_many(m, prompts, max_new_tokens=n, batch_size=batch_size, stop_ids=_stop_ids(tok, m))
+        return generate_many(m, prompts, max_new_tokens=n, batch_size=batch_size, stop_ids=stop_token_ids(tok, m))
 
     if not is_routed(model):
         return (lambda prompts, n: answers(model, prompts, n)), "itself (dense)"

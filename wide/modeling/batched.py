@@ -36,7 +36,7 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
         prompts: Token ids per prompt (no padding), each at least one token.
         max_new_tokens: Tokens to generate at most per prompt.
         batch_size: Rows per batch at most.
-        stop_ids: Tokens that end an answer (the first one also stops the Generator's loop early).
+        stop_ids: Tokens that end an answer (any of them; the loop stops once every row has emitted one).
         temperature: 0 for greedy, else the sampling temperature.
         seed: Seed of the sampling; each batch draws from its own generator seeded by ``seed`` and the batch's
             first prompt index, so the same prompts give the same samples whatever ran before.
@@ -54,7 +54,7 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
         groups[len(p)].append(i)
     gens: dict[int, Generator] = {}
     stop = set(stop_ids)
-    eos = stop_ids[0] if stop_ids else None
+    eos = list(stop_ids) or None
     out: list[Optional[list[int]]] = [None] * len(prompts)
     done = 0
     for length in sorted(groups):
