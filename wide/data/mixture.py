@@ -21,6 +21,8 @@ perplexity on) are left out, so a model trained on the mixture has not seen them
 
 from __future__ import annotations
 
+from typing import Iterable
+
 __all__ = ["DEFAULT_MIXTURE", "mixture_documents", "parse_mixture"]
 
 DEFAULT_MIXTURE: dict[str, float] = {"boolq": 1.0, "lambada": 1.0, "coqa": 1.0, "squad": 1.0, "drop": 1.0}
@@ -63,7 +65,7 @@ LOCAL_KINDS = ("txt", "txt-dir", "rows", "rows-dir", "saved")
 folders, e.g. the shards `wide data generate` writes (read with their ``text`` field)."""
 
 
-def _check_local(source: str, name: str, prose: tuple) -> None:
+def _check_local(source: str, name: str, prose: Iterable[str]) -> None:
     from pathlib import Path
 
     from wide.data.sources import source_kind
@@ -95,13 +97,11 @@ def interleave(corpora: dict[str, list[str]], weights: dict[str, float]) -> list
 def mixture_documents(source: str) -> list[str]:
     """The interleaved documents of a ``mixture`` source, without the default corpus's held-out documents."""
     from wide.data.corpus import default_corpus_split
-    from wide.data.olmo import prose_corpus
+    from wide.data.olmo import PROSE_CORPORA, prose_corpus
+    from wide.data.sources import load_documents
 
     weights = parse_mixture(source)
     held_out = set(default_corpus_split()[1])
-    from wide.data.olmo import PROSE_CORPORA
-    from wide.data.sources import load_documents
-
     corpora = {name: [d for d in (prose_corpus(name) if name in PROSE_CORPORA else load_documents(name))
                       if d not in held_out] for name in weights}
     return interleave(corpora, weights)

@@ -13,16 +13,9 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from wide.modeling.generate import Generator
+from wide.modeling.generate import Generator, cut_at_stop
 
 __all__ = ["generate_many"]
-
-
-def _cut(tokens: list[int], stop: set[int]) -> list[int]:
-    for i, tok in enumerate(tokens):
-        if tok in stop:
-            return tokens[:i]
-    return tokens
 
 
 def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 16,
@@ -74,7 +67,7 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
             new = gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, temperature=temperature,
                                generator=rng)[:, length:].tolist()
             for i, tokens in zip(rows, new):
-                out[i] = _cut(tokens, stop)
+                out[i] = cut_at_stop(tokens, stop, keep=False)
             done += len(rows)
             if progress is not None:
                 progress(done, len(prompts))

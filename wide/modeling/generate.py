@@ -133,12 +133,12 @@ def stop_token_ids(tokenizer, model: Optional[nn.Module] = None) -> list[int]:
     return list(dict.fromkeys(i for i in ids if isinstance(i, int) and not isinstance(i, bool)))
 
 
-def cut_at_stop(tokens: list[int], stops) -> list[int]:
-    """``tokens`` up to and including the first of ``stops`` (all of them when none occurs)."""
+def cut_at_stop(tokens: list[int], stops, keep: bool = True) -> list[int]:
+    """``tokens`` up to the first of ``stops``, which ``keep`` includes (all of them when none occurs)."""
     stop = set(stops)
     for i, tok in enumerate(tokens):
         if tok in stop:
-            return tokens[:i + 1]
+            return tokens[:i + keep]
     return tokens
 
 
