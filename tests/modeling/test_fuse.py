@@ -98,16 +98,50 @@ def test_fused_routed_model_matches_unfused_per_token_and_coherent():
         unfuse_glue(model)
 
 
-def test_routed_reference_mlp_is_left_eager():
-    """Without kernels a routed MLP masks its activation with wide's module: not fused, still correct."""
+def test_routed_reference_mlp_glue_is_fused():
+    """Without kernels a routed SiLU MLP runs ``silu(gate) ⊙ mask ⊙ up`` as one compiled function: same logits."""
     model = tiny_model("llama", num_hidden_layers=1)
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
     model.eval()
     ref = _logits(model)
     try:
-        assert fuse_glue(model, CPU_BACKEND)["mlp"] == 0
+        assert fuse_glue(model, CPU_BACKEND)["mlp"] == 1
+        assert hasattr(model.model.layers[0].mlp.forward, "_wide_original")
         for a, b in zip(ref, _logits(model)):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    finally:
+        unfuse_glue(model)
+    assert "forward" not in vars(model.model.layers[0].mlp)
+
+
+def _train_step(model, ids, seed: int):
+    """Loss and router gradients of one training forward (hard Gumbel masks, straight-through) + backward."""
+    model.zero_grad(set_to_none=True)
+    wide.modeling.runtime_of(model).set_noise(seed)
+    loss = model(input_ids=ids, labels=ids).loss
+    stats = wide.sparsity_stats(model)
+    loss = loss + 5.0 * (0.5 - stats.realized(differentiable=True)).abs()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in wide.router_parameters(model)}
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "qwen2"])
+def test_fused_glue_trains_like_the_eager_glue(arch_name):
+    """Training (the reason `WideTask(fuse_glue=...)` exists): fused norms, RoPE and masked SwiGLU give the eager
+    loss and the same router gradients, through the masks' straight-through estimator, fp32 on the CPU."""
+    model = tiny_model(arch_name, num_hidden_layers=2)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    model.train()
+    ids = torch.randint(3, model.config.vocab_size, (2, 12))
+    ref_loss, ref_grads = _train_step(model, ids, seed=7)
+    assert all(g.abs().sum() > 0 for g in ref_grads.values())
+    counts = fuse_glue(model, CPU_BACKEND)
+    assert counts["mlp"] == 2 and counts["norm"] == 5 and counts["rope"] == 2
+    try:
+        loss, grads = _train_step(model, ids, seed=7)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
     finally:
         unfuse_glue(model)
 
@@ -128,6 +162,30 @@ def test_load_fuse_glue_generates_the_same_tokens(tmp_path, tiny_model_dir):
         torch.testing.assert_close(got, expect)
     finally:
         unfuse_glue(fused)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_inductor_glue_trains_like_the_eager_glue_on_the_gpu():
+    """Inductor's Triton kernels for the training glue, bf16 backbone under autocast (how `wide fit` trains on a
+    GPU): the loss and router gradients of the eager glue, to bf16 rounding."""
+    model = tiny_model("llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                       num_key_value_heads=2).to("cuda", torch.bfloat16)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=4, ffn_group_size=128))
+    model.train()
+    ids = torch.randint(3, model.config.vocab_size, (4, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref_loss, ref_grads = _train_step(model, ids, seed=3)
+    fuse_glue(model)
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, grads = _train_step(model, ids, seed=3)
+        torch.testing.assert_close(loss.float(), ref_loss.float(), rtol=2e-2, atol=2e-2)
+        for name, g in ref_grads.items():
+            cos = torch.nn.functional.cosine_similarity(grads[name].flatten().float(), g.flatten().float(), dim=0)
+            assert cos > 0.98, (name, float(cos))
+    finally:
+        unfuse_glue(model)
 
 
 @pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])

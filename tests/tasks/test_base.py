@@ -188,3 +188,37 @@ def test_layer_cap_checked_before_anything_loads(cap, match, tiny_model_dir):
     with pytest.raises(ValueError, match=match):
         RouterCalibration(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32),
                           layer_cap=cap)
+
+
+@pytest.mark.parametrize("value", [1, "", 0.5, None])
+def test_fuse_glue_checked_before_anything_loads(value, tiny_model_dir):
+    from wide.tasks import RouterCalibration
+
+    with pytest.raises(ValueError, match="fuse_glue"):
+        RouterCalibration(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32),
+                          fuse_glue=value)
+
+
+def test_fuse_glue_compiles_the_built_models_glue(tiny_model_dir):
+    """``fuse_glue``: the task's model has its norms, RoPE and routed MLP glue compiled (the values: tests/modeling/
+    test_fuse.py); a LoRA stage's too, around peft's wrapped projections."""
+    import torch._dynamo
+
+    from wide.modeling.fuse import unfuse_glue
+    from wide.tasks import LoRARecovery, RouterCalibration
+
+    cfg = wide.WideConfig(sparsity=0.5, ffn_group_size=32)
+    torch._dynamo.reset()
+    for task in (RouterCalibration(model=tiny_model_dir, routing=cfg, fuse_glue="aot_eager"),
+                 LoRARecovery(model=tiny_model_dir, routing=cfg, fuse_glue="aot_eager")):
+        task.configure_model()
+        try:
+            mlps = [layer.mlp for layer in task.model.get_decoder().layers]
+            assert all(hasattr(m.forward, "_wide_original") for m in mlps)
+            assert hasattr(task.model.get_decoder().norm.forward, "_wide_original")
+            ids = torch.randint(3, 96, (2, 8))
+            task.model.train()
+            task.model(input_ids=ids, labels=ids).loss.backward()
+        finally:
+            unfuse_glue(task.model)
+    torch._dynamo.reset()

@@ -15,7 +15,13 @@ What is compiled (each is the module's or architecture's own code, so the number
   looks up there at call time (so the compiled function serves every model of that architecture in
   the process; it is the same function);
 - every plain dense ``*MLP`` module (forward of its class: act(gate) * up fuses into one kernel, the
-  projections stay cuBLAS calls). A routed model's MLP runs the fused ``swiglu`` kernel instead.
+  projections stay cuBLAS calls). With routed kernels a routed model's MLP runs the fused ``swiglu`` kernel
+  instead; on the reference path (training, or kernels off) a routed SiLU MLP gets ``silu(gate) ⊙ mask ⊙ up`` as
+  one compiled function (`routed_silu_glue`), forward and backward, the mask's straight-through gradient included.
+
+In training the same regions save most of a step's elementwise memory traffic (HF's fp32 RMS norm alone is ~6
+kernels forward and more backward over ``[B, T, D]``; the masked SwiGLU ~5 passes over ``[B, T, F]`` each way):
+the training tasks take ``fuse_glue: true`` (`wide.tasks.base.WideTask`).
 
 Run one forward per input shape outside stream capture before capturing (compiles happen on first use).
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -57,9 +63,38 @@ def _hf_class(module: nn.Module, suffix: str) -> bool:
     return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(suffix)
 
 
+def routed_silu_glue(gate: torch.Tensor, up: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(silu(gate) ⊙ mask expanded over its groups) ⊙ up``: a routed MLP's reference glue, in the order
+    `MaskedActivation` computes it (``mask`` ``[..., G]`` float or bool, or ``None``: no routing this forward)."""
+    from wide.modeling.layer import mask_channels
+
+    return mask_channels(torch.nn.functional.silu(gate), mask) * up
+
+
+def _routed_silu_mlp(module: nn.Module) -> bool:
+    """An HF gated MLP whose activation `apply_wide` masked, around a SiLU (Llama / Qwen / Mistral)."""
+    from wide.modeling.layer import MaskedActivation
+
+    act = getattr(module, "act_fn", None)
+    return (_hf_class(module, "MLP") and isinstance(act, MaskedActivation)
+            and type(act.act).__name__ in ("SiLU", "SiLUActivation")
+            and all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj")))
+
+
+def _routed_mlp_forward(backend: str):
+    glue = _compiled(routed_silu_glue, backend)
+
+    def forward(self, x):
+        # the projections stay modules (peft's LoRA wrappers, FSDP2's hooks), only the glue between them is compiled
+        return self.down_proj(glue(self.gate_proj(x), self.up_proj(x), self.act_fn.wide_layer.ffn_mask))
+
+    forward._wide_original = None  # marks the instance forward as fused (`unfuse_glue` removes it)
+    return forward
+
+
 def _plain_mlp(module: nn.Module) -> bool:
     """An HF gated MLP of plain linears and a stock activation (a routed reference MLP masks its activation
-    with wide's own module, which the compiled graph could not trace in one piece)."""
+    with wide's own module: `_routed_silu_mlp`)."""
     act = getattr(module, "act_fn", None)
     return (_hf_class(module, "MLP") and act is not None
             and type(act).__module__.startswith(("transformers.", "torch.nn."))
@@ -78,10 +113,16 @@ def fuse_glue(model: nn.Module, backend: str = "inductor") -> dict[str, int]:
             needs a compiler); ``aot_eager`` traces the same graphs without generating code (tests).
 
     Returns:
-        How many modules / functions were fused: ``{"norm": n, "rope": r, "mlp": m}``.
+        How many modules / functions were fused: ``{"norm": n, "rope": r, "mlp": m}`` (``mlp``: dense MLPs and
+        routed reference MLPs).
     """
     counts = {"norm": 0, "rope": 0, "mlp": 0}
     for module in model.modules():
+        if _routed_silu_mlp(module):
+            if not hasattr(module.forward, "_wide_original"):
+                module.forward = types.MethodType(_routed_mlp_forward(backend), module)
+            counts["mlp"] += 1
+            continue
         kind = "norm" if _hf_class(module, "RMSNorm") else "mlp" if _plain_mlp(module) else None
         if kind is not None:
             # a norm whose forward `enable_kernels` wrapped (`wide.modeling.normroute`) gets the compiled forward

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import lightning as L
 import torch
@@ -48,6 +48,10 @@ class WideTask(L.LightningModule):
             bfloat16 when the Trainer's precision is bf16 and float32 otherwise.
         attn_implementation: HF attention implementation of the backbone (``sdpa``, ``eager``, ...).
         gradient_checkpointing: Recompute decoder layers in backward to save memory.
+        fuse_glue: Compile the elementwise glue between the projections for training (`wide.fuse_glue`: the RMS
+            norms, RoPE and the routed MLP's ``silu(gate) ⊙ mask ⊙ up``, forward and backward); ``True`` for
+            inductor (on a GPU: Triton; on a CPU it needs a C++ compiler), or a ``torch.compile`` backend name.
+            The values do not change beyond rounding; the first steps pay the compile (seconds).
         loss: The objective besides the sparsity term (``LossConfig``: ``lm``, ``kd``, ``temperature``, ``hidden``,
             ``backend``); default plain next-token cross-entropy.
     """
@@ -67,6 +71,7 @@ class WideTask(L.LightningModule):
         dtype: Optional[str] = None,
         attn_implementation: str = "sdpa",
         gradient_checkpointing: bool = False,
+        fuse_glue: Union[bool, str] = False,
         loss: Optional[LossConfig] = None,
     ):
         super().__init__()
@@ -92,6 +97,8 @@ class WideTask(L.LightningModule):
             raise ValueError(f"warmup_ratio: must be in [0, 1), got {warmup_ratio!r}")
         if not 0 <= min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio: must be in [0, 1], got {min_lr_ratio!r}")
+        if not isinstance(fuse_glue, (bool, str)) or fuse_glue == "":
+            raise ValueError(f"fuse_glue: must be true, false or a torch.compile backend name, got {fuse_glue!r}")
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {sorted(DTYPES)} or None, got {dtype!r}")
         self.model_name = model
@@ -105,6 +112,7 @@ class WideTask(L.LightningModule):
         self.dtype_name = dtype
         self.attn_implementation = attn_implementation
         self.gradient_checkpointing = gradient_checkpointing
+        self.fuse_glue = fuse_glue
         self.loss = loss
         self.save_hyperparameters(ignore=["routing", "loss"])
         self.hparams["routing"] = routing.to_dict()
@@ -173,6 +181,10 @@ class WideTask(L.LightningModule):
             model = self.build_model()
         if self.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.fuse_glue:
+            from wide.modeling.fuse import fuse_glue
+
+            fuse_glue(model, "inductor" if self.fuse_glue is True else self.fuse_glue)
         model.train(self.training)
         from wide.io.checkpoint import model_identity
 

@@ -95,7 +95,7 @@ def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
 # Task settings a resumed run may change: how it computes, not what it trains (the model itself is compared
 # by identity: a moved folder is the same model)
 FREE_ON_RESUME = ("model", "router_checkpoint", "dtype", "attn_implementation", "gradient_checkpointing",
-                  "loss.backend", "loss.chunk_size", "routing.backend")
+                  "fuse_glue", "loss.backend", "loss.chunk_size", "routing.backend")
 
 
 def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
