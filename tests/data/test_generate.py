@@ -87,6 +87,7 @@ def test_chat_answers_render_the_conversation(tmp_path, tiny_model_dir, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--max-new-tokens", "0"], "max-new-tokens: must be >= 1"),
+    (["--length-spread", "-1"], "length-spread: must be >= 0"),
     (["--prompt-file", "x.txt"], "prompt-file/questions/system: chat prompts need --chat"),
     (["--chat"], "has no chat template"),
     (["--source", "missing.txt"], "source='missing.txt' does not exist"),

@@ -58,6 +58,9 @@ def generate_parser(prog: str = "wide data generate") -> argparse.ArgumentParser
     p.add_argument("--seed", type=int, default=17, help="seed of the sampling")
     p.add_argument("--shard-size", type=int, default=1000, help="records per shard")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per batch")
+    p.add_argument("--length-spread", type=int, default=32,
+                   help="most tokens by which the prompts of one batch may differ in length (a longer row feeds the "
+                        "rest of its prompt through the batch's first decode steps); 0: equal lengths only")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     return p
@@ -88,6 +91,8 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("prompt_tokens", "max_new_tokens", "shard_size", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.length_spread < 0:
+        raise ValueError(f"length-spread: must be >= 0, got {args.length_spread}")
     if args.max_prompts is not None and args.max_prompts < 1:
         raise ValueError(f"max-prompts: must be >= 1, got {args.max_prompts}")
     if args.temperature < 0:
@@ -164,7 +169,8 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
             continue
         lo, hi = shard * args.shard_size, min(len(prompts), (shard + 1) * args.shard_size)
         new = generate_many(model, prompts[lo:hi], max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                            stop_ids=stop, temperature=args.temperature, seed=args.seed * 100_003 + shard)
+                            stop_ids=stop, temperature=args.temperature, seed=args.seed * 100_003 + shard,
+                            length_spread=args.length_spread)
         rows = []
         for k, completion_ids in enumerate(new):
             completion = tok.decode(completion_ids, skip_special_tokens=True)
@@ -180,7 +186,9 @@ def generate_data(args: argparse.Namespace, log=lambda msg: print(f"wide data ge
         log(f"{path.name}: {len(rows)} records ({shard + 1}/{n_shards}), {tokens / (time.perf_counter() - t0):.0f} "
             "generated tokens/s so far")
     manifest = {"settings": settings, "prompts": len(prompts), "shards": n_shards,
-                "model_path": loaded.info["model_path"], "stop_ids": stop}
+                "model_path": loaded.info["model_path"], "stop_ids": stop,
+                # this run's own shards (none when every shard was already there)
+                "generated_tokens": tokens, "seconds": round(time.perf_counter() - t0, 2)}
     _write_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     log(f"{out}: {n_shards} shards ({written} written, {skipped} already there), {len(prompts)} prompts")
     return manifest

@@ -402,7 +402,12 @@ class Generator:
 
     def _run(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: StopIds,
              pad_token_id: Optional[int], check_every: int, temperature: float = 0.0,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+             generator: Optional[torch.Generator] = None,
+             tails: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """``tails``: ``(tokens [B, E], counts [B])``, prompt tokens past ``input_ids`` that row ``b`` feeds through
+        its first ``counts[b]`` decode steps instead of its own predictions (prompts of different lengths in one
+        unpadded batch: `wide.modeling.batched.generate_many`); they are written to the output like generated
+        tokens, and a stop token among them does not end the row."""
         dev = input_ids.device
         B, T = input_ids.shape
         stops = None if eos_token_id is None else torch.tensor(
@@ -410,7 +415,15 @@ class Generator:
         pad = (int(stops[0]) if stops is not None else None) if pad_token_id is None else pad_token_id
         out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=dev)
         out[:, :T] = input_ids
+        forced_steps = 0 if tails is None else tails[0].shape[1]
+
+        def force(i: int) -> None:
+            """Puts row b's prompt token ``i`` past ``input_ids`` in ``_tok`` where ``i < counts[b]``."""
+            if i < forced_steps:
+                self._tok[:, 0] = torch.where(i < tails[1], tails[0][:, i], self._tok[:, 0])
+
         self._tok.copy_(next_token(self._prefill(input_ids), temperature, generator))
+        force(0)
         self._pos.fill_(T)
         self._restart_state()
         done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -421,11 +434,13 @@ class Generator:
             tok = self._tok[:, 0]
             if stops is not None:
                 out[:, T + i] = torch.where(done, torch.full_like(tok, pad), tok)
-                done = done | torch.isin(tok, stops)
+                stopped = torch.isin(tok, stops)
+                done = done | (stopped if i >= forced_steps else stopped & (i >= tails[1]))
             else:
                 out[:, T + i] = tok
             if logits is not None:
                 self._tok.copy_(next_token(logits[:, -1], temperature, generator))
+                force(i + 1)
                 self._pos.add_(1)
 
         n = max_new_tokens
