@@ -96,6 +96,8 @@ def test_recipe_runs_on_tiny_model(recipe, tmp_path, tiny_model_dir, tiny_corpus
     extra = tiny_routing(text)
     if "LoRARecovery" in text and "router_checkpoint:" in text:  # stage 2 on stage-1 routers (not rep_lie, top-k)
         extra += ["--model.init_args.router_checkpoint", str(stage1), "--model.init_args.gradient_checkpointing", "false"]
+    if re.search(r"^\s+fuse_glue: true", text, re.M):  # GPU recipes: inductor on a CPU needs a C++ compiler; the
+        extra += ["--model.init_args.fuse_glue", "aot_eager"]  # same graphs, traced without generated code
     main(["fit", "--config", str(recipe), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
           "--trainer.fast_dev_run", "1", *extra])
     out = tmp_path / "wide" / "routers.safetensors"

@@ -83,7 +83,8 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
             rng.manual_seed(seed * 1_000_003 + rows[0])
         if extra:
             _check(model, ids, max_new_tokens + extra, eos, gen.max_cache_len, 16, temperature)
-            full = gen._run(ids, max_new_tokens + extra, eos, None, 16, temperature, rng, tails=tails).tolist()
+            with torch.inference_mode():  # as `Generator.generate` runs it (trainable routers record no graph)
+                full = gen._run(ids, max_new_tokens + extra, eos, None, 16, temperature, rng, tails=tails).tolist()
         else:
             full = gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, temperature=temperature,
                                 generator=rng).tolist()
