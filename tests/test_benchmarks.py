@@ -32,7 +32,8 @@ def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
         "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "frontier",
-        "fsdp_check", "gemv_sweep", "generate_speed", "generator_ttft", "kernels", "prefill_gemm_sweep",
+        "fsdp_check", "gemv_sweep", "generate_batching", "generate_speed", "generator_ttft", "kernels",
+        "prefill_gemm_sweep",
         "profile_decode", "profile_host", "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
 
@@ -262,6 +263,16 @@ def test_calibration_throughput_runs_on_a_tiny_shape(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["glue"] for r in rows] == ["eager", "compiled"]
     assert all(r["path"] == "torch" and r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_generate_batching_runs_on_a_tiny_shape(tmp_path):
+    out = tmp_path / "gb.json"
+    _load("generate_batching").main(["--device", "cpu", "--dtype", "fp32", "--shape", "tiny", "--prompts", "6",
+                                     "--min-len", "2", "--max-len", "9", "--max-new-tokens", "4", "--batch-size", "4",
+                                     "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["length_spread"] for r in rows] == [0, 32]
+    assert all(r["identical_to_first"] == 6 and r["generated_tokens"] == 24 for r in rows)  # fp32: same answers
 
 
 def test_kernels_table_runs_through_the_triton_interpreter(tmp_path):
