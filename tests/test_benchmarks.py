@@ -265,6 +265,15 @@ def test_calibration_throughput_runs_on_a_tiny_shape(tmp_path):
     assert all(r["path"] == "torch" and r["tokens_per_s"] > 0 for r in rows)
 
 
+def test_calibration_throughput_times_stage_two_with_its_adapter(tmp_path, capsys):
+    out = tmp_path / "ct.json"
+    _load("calibration_throughput").main(["--device", "cpu", "--shape", "tiny", "--batch-size", "2", "--seq-len", "16",
+                                          "--paths", "torch", "--kd", "1", "--warmup", "0", "--iters", "1",
+                                          "--stage", "lora", "--json", str(out)])
+    assert "stage lora" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"][0]["tokens_per_s"] > 0
+
+
 def test_generate_batching_runs_on_a_tiny_shape(tmp_path):
     out = tmp_path / "gb.json"
     _load("generate_batching").main(["--device", "cpu", "--dtype", "fp32", "--shape", "tiny", "--prompts", "6",

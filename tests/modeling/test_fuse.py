@@ -125,12 +125,16 @@ def _train_step(model, ids, seed: int):
     return loss.detach(), {n: p.grad.clone() for n, p in wide.router_parameters(model)}
 
 
-@pytest.mark.parametrize("arch_name", ["llama", "qwen2"])
-def test_fused_glue_trains_like_the_eager_glue(arch_name):
+@pytest.mark.parametrize("arch_name,checkpointing", [("llama", False), ("qwen2", False), ("llama", True)],
+                         ids=["llama", "qwen2", "llama-gradient-checkpointing"])
+def test_fused_glue_trains_like_the_eager_glue(arch_name, checkpointing):
     """Training (the reason `WideTask(fuse_glue=...)` exists): fused norms, RoPE and masked SwiGLU give the eager
-    loss and the same router gradients, through the masks' straight-through estimator, fp32 on the CPU."""
+    loss and the same router gradients, through the masks' straight-through estimator, fp32 on the CPU; also with
+    the decoder layers recomputed in backward (`gradient_checkpointing`, as the 8B recipes train)."""
     model = tiny_model(arch_name, num_hidden_layers=2)
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     ids = torch.randint(3, model.config.vocab_size, (2, 12))
     ref_loss, ref_grads = _train_step(model, ids, seed=7)
