@@ -118,3 +118,15 @@ def test_prompt_tails_through_replayed_decode_steps_on_the_gpu():
     mixed = generate_many(model, prompts, max_new_tokens=9, batch_size=8, length_spread=16, graphs=True)
     agree = sum(a == b for a, b in zip(exact, mixed))
     assert agree >= len(prompts) - 1, (exact, mixed)  # fp32 kernels: a near-tie may differ across batch shapes
+
+
+def test_generator_checks_the_prompt_tails_shape():
+    from wide.modeling.generate import Generator
+
+    model = tiny_model("llama")
+    gen = Generator(model, batch_size=2, max_cache_len=16)
+    ids = torch.tensor([[3, 4], [5, 6]])
+    with pytest.raises(ValueError, match="^tails:"):
+        gen.generate(ids, max_new_tokens=2, tails=(torch.zeros(2, 3, dtype=torch.long), torch.tensor([3, 0])))
+    with pytest.raises(ValueError, match="^tails:"):
+        gen.generate(ids, max_new_tokens=4, tails=(torch.zeros(1, 3, dtype=torch.long), torch.tensor([3])))

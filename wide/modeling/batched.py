@@ -2,7 +2,7 @@
 
 Prompts are sorted by token length and cut into batches of up to ``batch_size`` rows whose lengths differ by at most
 ``length_spread`` tokens. A batch prefills its shortest prompt's length from every row; a longer row then feeds the
-rest of its own prompt through its first decode steps instead of its predictions (`Generator._run`'s ``tails``),
+rest of its own prompt through its first decode steps instead of its predictions (`Generator.generate`'s ``tails``),
 so all rows stay at one position and the cache needs no padding. Before that, only prompts of exactly the same
 length batched together: 3,000 chat prompts of Qwen2.5-1.5B made mostly batches of 1–8 rows (2026-12-03). A short
 batch is filled up with copies of its last row to the next power of two, so only a few batch sizes occur and each
@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from wide.modeling.generate import Generator, _check, cut_at_stop
+from wide.modeling.generate import Generator, cut_at_stop
 
 __all__ = ["generate_many"]
 
@@ -81,13 +81,8 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
         if temperature > 0:
             rng = torch.Generator(device=device)
             rng.manual_seed(seed * 1_000_003 + rows[0])
-        if extra:
-            _check(model, ids, max_new_tokens + extra, eos, gen.max_cache_len, 16, temperature)
-            with torch.inference_mode():  # as `Generator.generate` runs it (trainable routers record no graph)
-                full = gen._run(ids, max_new_tokens + extra, eos, None, 16, temperature, rng, tails=tails).tolist()
-        else:
-            full = gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, temperature=temperature,
-                                generator=rng).tolist()
+        full = gen.generate(ids, max_new_tokens=max_new_tokens + extra, eos_token_id=eos, temperature=temperature,
+                            generator=rng, tails=tails).tolist()
         for i, tokens in zip(rows, full):
             n = len(prompts[i])
             out[i] = cut_at_stop(tokens[n:n + max_new_tokens], stop, keep=False)

@@ -391,14 +391,21 @@ class Generator:
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: StopIds = None,
                  pad_token_id: Optional[int] = None, check_every: int = 16, temperature: float = 0.0,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: Optional[torch.Generator] = None,
+                 tails: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """Greedy (or sampled) continuation of ``input_ids [batch_size, T]``; arguments and result as in
-        `wide.generate`."""
+        `wide.generate`. ``tails``: prompt tokens past ``input_ids`` that rows feed through their first decode steps
+        (``(tokens [batch_size, E], counts [batch_size])``, see `_run`; `wide.modeling.batched.generate_many`)."""
         _check(self.model, input_ids, max_new_tokens, eos_token_id, self.max_cache_len, check_every, temperature)
         if input_ids.shape[0] != self.batch_size:
             raise ValueError(f"input_ids: {input_ids.shape[0]} rows, this Generator was made for batch_size="
                              f"{self.batch_size}")
-        return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator)
+        if tails is not None and not (tails[0].shape[0] == tails[1].shape[0] == self.batch_size
+                                      and tails[0].shape[1] <= max_new_tokens):
+            raise ValueError(f"tails: [{self.batch_size}, E <= max_new_tokens] tokens and [{self.batch_size}] counts, "
+                             f"got {tuple(tails[0].shape)} and {tuple(tails[1].shape)}")
+        return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator,
+                         tails)
 
     def _run(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: StopIds,
              pad_token_id: Optional[int], check_every: int, temperature: float = 0.0,
