@@ -147,8 +147,9 @@ def main(argv=None):
     if args.stage == "lora":
         add_lora(model)
     rows = []
-    lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, stage {args.stage}, {args.batch_size} x "
-             f"{args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, bf16 autocast", "",
+    lines = [f"{args.shape} shape{f' ({args.layers} layers)' if args.layers else ''}, stage {args.stage}, "
+             f"{args.batch_size} x {args.seq_len} tokens per step, micro-batch {micro}, {args.dtype} weights, "
+             "bf16 autocast", "",
              "| loss path | teacher | glue | step s | tokens/s | TFLOP/s | MFU | peak GiB |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     print(lines[0], flush=True)

