@@ -4,7 +4,8 @@
   ``--md``, ``--kernel-option``), each script adding its own; ``setup(args)`` checks them (one error naming the
   flag, before any compute) and returns the device and dtype.
 - Shape presets (``--shape``): ``llama-8b`` (Llama-3.1-8B, what `wide bench` and the kernel table time),
-  ``qwen2.5-1.5b`` (Qwen2.5-1.5B, the calibration recipes' model) and ``tiny`` (CPU runs in CI), random weights,
+  ``qwen2.5-1.5b`` (Qwen2.5-1.5B, the calibration recipes' model), ``smollm2-135m`` (the default model) and
+  ``tiny`` (CPU runs in CI), random weights,
   nothing downloaded.
 - Timers: ``graph_ms`` (a CUDA graph of back-to-back calls, replayed, CUDA events), ``bench_ms`` (Triton's
   ``do_bench``, L2 flushed), ``event_ms`` (CUDA events around eager calls), ``wall_ms`` (host clock, synced).
@@ -36,6 +37,11 @@ QWEN25_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, n
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
 """Qwen2.5(-Coder)-1.5B's architecture (its config.json); weights random."""
 
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=1e5,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True)
+"""SmolLM2-135M(-Instruct)'s architecture (a Llama); weights random: profiles without the asset."""
+
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, rms_norm_eps=1e-5,
             tie_word_embeddings=False)
@@ -51,6 +57,7 @@ def _llama_8b() -> dict:
 SHAPES: dict[str, tuple[str, Callable[[], dict]]] = {
     "llama-8b": ("LlamaConfig", _llama_8b),
     "qwen2.5-1.5b": ("Qwen2Config", lambda: QWEN25_15B),
+    "smollm2-135m": ("LlamaConfig", lambda: SMOLLM2_135M),
     "tiny": ("LlamaConfig", lambda: TINY),
 }
 """``--shape`` presets: name -> (transformers config class, its keyword arguments)."""

@@ -38,6 +38,9 @@
 #                 calibration throughput with eager vs compiled glue (WideTask fuse_glue), stage 1 and (CALIB_LORA=""
 #                 skips it) stage 2 with LoRA, then with the SmolLM2 chunks (recv 00..03 first)
 #                 benchmarks/generate_batching.py (equal-length vs within-32-token batches of chat prompts)
+#   profile23     [detached] issue 23's decode profiles (graph replay, kernel by kernel, dense vs routed) of the
+#                 Qwen2.5-1.5B and SmolLM2-135M shapes with low-rank routers, the fixed batched-generation GPU test,
+#                 then stage 2's calibration throughput eager vs compiled glue (no assets)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -93,7 +96,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -426,6 +429,20 @@ _qwen)
   mkdir -p /tmp/res/qwen && cp -r runs/quality/qwen2.5-1.5b/results.* runs/quality/qwen2.5-1.5b/plots /tmp/res/qwen/ 2>/dev/null
   wait $fsdp
   echo QWEN_DONE
+  ;;
+_profile23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  for sh in qwen2.5-1.5b smollm2-135m; do for b in 1 16; do
+    for sp in ${PROFILE_SPARSITY:-0.0 0.5}; do
+      timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch $b --router lowrank --sparsity $sp \
+        --top 40 > /tmp/res/profile_${sh}_b${b}_s${sp}.txt 2>&1; tail -1 /tmp/res/profile_${sh}_b${b}_s${sp}.txt
+  done; done; done
+  echo PROFILES_DONE
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_batched.py \
+    > /tmp/res/gpu_tests_batched.txt 2>&1; tail -3 /tmp/res/gpu_tests_batched.txt
+  timeout 400 python3 benchmarks/calibration_throughput.py --paths liger --kd 0,1 --fuse-glue 0,1 --stage lora \
+    --json /tmp/res/calib_tp_lora.json > /tmp/res/calib_tp_lora.txt 2>&1; tail -8 /tmp/res/calib_tp_lora.txt
+  echo PROFILE23_DONE
   ;;
 _realbench)
   # real masks: the WIDE calibration fit of the Qwen grid (run the grid's method=wide cells first)
