@@ -41,6 +41,9 @@
 #   profile23     [detached] issue 23's decode profiles (graph replay, kernel by kernel, dense vs routed) of the
 #                 Qwen2.5-1.5B and SmolLM2-135M shapes with low-rank routers, the fixed batched-generation GPU test,
 #                 then stage 2's calibration throughput eager vs compiled glue (no assets)
+#   qkv23         [detached] issue 23's fused decode_qkv: its GPU tests, then graph-replay profiles (Qwen2.5-1.5B, SmolLM2
+#                 and 8B shapes, low-rank routers) without / with decode_qkv (and with decode_norm_route on one
+#                 stream), then the 8B decode rows of wide bench for the same variants (no assets)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -96,7 +99,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -443,6 +446,27 @@ _profile23)
   timeout 400 python3 benchmarks/calibration_throughput.py --paths liger --kd 0,1 --fuse-glue 0,1 --stage lora \
     --json /tmp/res/calib_tp_lora.json > /tmp/res/calib_tp_lora.txt 2>&1; tail -8 /tmp/res/calib_tp_lora.txt
   echo PROFILE23_DONE
+  ;;
+_qkv23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
+    tests/kernels/test_backend_contract.py -k "fused or decode_qkv" > /tmp/res/gpu_tests_qkv.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_qkv.txt
+  V0=""; V1="--kernel-option decode_qkv=1"; V2="--kernel-option decode_qkv=1 --kernel-option decode_norm_route=1 --no-overlap-routing"
+  for sh in qwen2.5-1.5b smollm2-135m llama-8b; do for v in 0 1 2; do eval "opt=\$V$v"
+    timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
+      --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"
+  done; done
+  for v in 0 1; do eval "opt=\$V$v"
+    timeout 200 python3 benchmarks/profile_decode.py --shape qwen2.5-1.5b --batch 16 --router lowrank --sparsity 0.5 \
+      --top 40 $opt > /tmp/res/profile_qwen2.5-1.5b_b16_v$v.txt 2>&1; echo "qwen b16 v$v $(tail -1 /tmp/res/profile_qwen2.5-1.5b_b16_v$v.txt)"
+  done
+  echo PROFILES_DONE
+  for v in 0 1 2; do eval "opt=\$V$v"
+    timeout 300 $W bench --fuse-glue --coherent --router lowrank --sparsity 0 0.5 --prefill --decode-batch 1 4 16 $opt \
+      --json /tmp/res/bench_8b_v$v.json > /tmp/res/bench_8b_v$v.md 2>&1; echo "8b v$v"; grep -i "decode" /tmp/res/bench_8b_v$v.md | head -12
+  done
+  echo QKV23_DONE
   ;;
 _realbench)
   # real masks: the WIDE calibration fit of the Qwen grid (run the grid's method=wide cells first)

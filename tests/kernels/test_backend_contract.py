@@ -259,6 +259,45 @@ def _coherent_route_cases(dtype, gen):
                _compare_state)
 
 
+def _decode_qkv_cases(dtype, gen):
+    """q / k / v + RoPE + a static-cache write: the returned q (zeros in skipped groups), both caches after the
+    call (the new position written, every other untouched) and the position moved on by one."""
+    def compare(out, ref, what):
+        for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
+            assert got.shape == want.shape and got.dtype == want.dtype, f"{what} {name}"
+            check(got.float(), want.float(), dtype, None, f"{what} {name}")
+        assert torch.equal(out[0] == 0, ref[0] == 0), f"{what}: q's zeros (skipped groups) differ"
+        assert out[3].item() == ref[3].item(), f"{what}: position {out[3].item()} != {ref[3].item()}"
+
+    shapes = [  # (B, K, Hq, Hk, D, groups, bias, cos rows, position, cache length)
+        (1, 72, 4, 2, 32, 2, True, 1, 5, 9), (3, 100, 6, 2, 64, 3, False, 1, 0, 4), (5, 40, 4, 4, 32, 4, True, 5, 3, 4),
+        (2, 130, 8, 2, 32, 1, True, 2, 6, 7)]
+    for (B, K, HQ, HK, D, G, bias, crows, pos, S), kind in itertools.product(shapes, MASKS[:3]):
+        x = _randn(gen, B, 1, K, dtype=dtype)
+        ws = [_randn(gen, h * D, K, dtype=dtype, scale=K ** -0.5) for h in (HQ, HK, HK)]
+        bs = [_randn(gen, h * D, dtype=dtype, scale=0.1) if bias else None for h in (HQ, HK, HK)]
+        angle = torch.rand(crows, 1, D, generator=gen) * 6.28
+        cos, sin = angle.cos().to(DEV, dtype), angle.sin().to(DEV, dtype)
+        mask = _mask((B, 1, G), kind, gen)
+        cache = _randn(gen, 2, B, HK, S, D, dtype=dtype)
+
+        def call(be, x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos):
+            k, v = cache[0].clone(), cache[1].clone()
+            at = torch.tensor(pos, device=DEV)
+            q = wk.decode_qkv(x, *ws, mask, q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=k,
+                              v_cache=v, position=at, backend=be)
+            return q, k, v, at
+
+        def reference(x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos):
+            k, v = cache[0].clone(), cache[1].clone()
+            at = torch.tensor(pos, device=DEV)
+            q = wk.decode_qkv(x, *ws, mask, q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=k,
+                              v_cache=v, position=at, backend=REFERENCE)
+            return q, k, v, at
+
+        yield f"B={B} K={K} Hq={HQ} Hk={HK} D={D} G={G} bias={bias} mask={kind}", call, reference, compare
+
+
 CASES = {
     "gemm_mn": _gemm_mn_cases,
     "swiglu": lambda dtype, gen: _gemm_mn_cases(dtype, gen, swiglu=True),
@@ -270,6 +309,7 @@ CASES = {
     "coherent_select": _coherent_select_cases,
     "coherent_route": _coherent_route_cases,
     "rms_norm_route": _rms_norm_route_cases,
+    "decode_qkv": _decode_qkv_cases,
 }
 
 

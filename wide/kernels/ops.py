@@ -10,6 +10,7 @@ Tensor conventions (all backends agree; mask True = execute):
 | ffn_experts | x ``[..., K]``, gate/up ``[F, K]``, down ``[N, F]`` | ``[..., F/G]`` | ``gemm_k(swiglu(...), down)`` |
 | attention_prefill | q ``[B, T, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, T, Hq/g]`` | ``[B, T, Hq, D]`` |
 | attention_decode | q ``[B, 1, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, 1, Hq/g]`` | ``[B, 1, Hq, D]`` |
+| decode_qkv | x ``[B, 1, K]``, q / k / v weights, cos / sin, a static cache ``[B, Hk, S, D]`` | ``[B, 1, Hq/g]`` | q ``[B, 1, Hq, D]`` (k / v written into the cache) |
 
 Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
 `router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and
@@ -176,6 +177,60 @@ def _check_attention(q, k, v, mask, what: str) -> None:
     g, qpk = HQ // mask.shape[-1], HQ // HK
     if qpk % g and g % qpk:
         raise ValueError(f"{what}: a group of {g} heads splits the {qpk} query heads of a kv head unevenly")
+
+
+@torch.compiler.disable
+def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin, k_cache,
+               v_cache, position, backend: str = "auto", out=None):
+    """A decode step's routed q projection, dense k / v projections, RoPE and static-cache write, in one call
+    (one launch on the triton backend, `wide.kernels.triton.decode_qkv`).
+
+    Args:
+        x: ``[B, 1, K]`` the attention norm's output.
+        q_weight: ``[Hq * D, K]``; k_weight / v_weight: ``[Hk * D, K]`` (contiguous).
+        mask: ``[B, 1, Hq/g]`` bool: the head groups each row runs (q of a skipped group is zero).
+        q_bias, k_bias, v_bias: ``[N]`` each, or all ``None``.
+        cos, sin: ``[B or 1, 1, D]`` the rotary embedding of the step's position (HF's ``position_embeddings``).
+        k_cache, v_cache: ``[B, Hk, S, D]`` a static cache layer's keys / values: row ``b``'s new key and value go
+            to position ``position`` of every head.
+        position: a one-element int64 tensor, the cache's write position (transformers' ``StaticLayer``
+            ``cumulative_length``); advanced by one, as the cache's own ``update`` does.
+        backend, out: as in `gemm_mn` (``out`` is ``[B, 1, Hq, D]``).
+
+    Returns:
+        q ``[B, 1, Hq, D]``, rotated, zeros in skipped head groups.
+    """
+    if x.dim() != 3 or x.shape[1] != 1:
+        raise ValueError(f"decode_qkv: x {tuple(x.shape)} must be [B, 1, K] (one decode step)")
+    B, _, K = x.shape
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[0] != B:
+        raise ValueError(f"decode_qkv: k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} must both "
+                         f"be [{B}, Hk, S, D]")
+    D, HK = k_cache.shape[3], k_cache.shape[1]
+    if D % 2 or q_weight.dim() != 2 or q_weight.shape[1] != K or q_weight.shape[0] % D:
+        raise ValueError(f"decode_qkv: q_weight {tuple(q_weight.shape)} must be [Hq * {D}, {K}] (head dim even)")
+    for name, w in (("k_weight", k_weight), ("v_weight", v_weight)):
+        if tuple(w.shape) != (HK * D, K):
+            raise ValueError(f"decode_qkv: {name} {tuple(w.shape)} must be [{HK * D}, {K}]")
+    biases = (q_bias, k_bias, v_bias)
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise ValueError("decode_qkv: q_bias, k_bias and v_bias are given together or not at all")
+    HQ = q_weight.shape[0] // D
+    if mask.dim() != 3 or tuple(mask.shape[:2]) != (B, 1):
+        raise ValueError(f"decode_qkv: mask {tuple(mask.shape)} must be [{B}, 1, groups]")
+    _divides(HQ, mask.shape[-1], "decode_qkv")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape[-1] != D or t.numel() not in (D, B * D):
+            raise ValueError(f"decode_qkv: {name} {tuple(t.shape)} must be [{B} or 1, 1, {D}]")
+    if position.numel() != 1 or position.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"decode_qkv: position must be a one-element integer tensor, got {tuple(position.shape)} "
+                         f"{position.dtype}")
+    call = dict(x=x, q_weight=q_weight, k_weight=k_weight, v_weight=v_weight, mask=mask, q_bias=q_bias,
+                k_bias=k_bias, v_bias=v_bias, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache,
+                position=position, out=out)
+    return dispatch.choose("decode_qkv", backend, call, x.device).decode_qkv(
+        x, q_weight, k_weight, v_weight, mask, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, cos=cos, sin=sin,
+        k_cache=k_cache, v_cache=v_cache, position=position, out=out)
 
 
 @torch.compiler.disable

@@ -40,6 +40,11 @@ class KernelOptions:
     with its router: one `wide.kernels.rms_norm_route` launch writes the norm's output and the decisions, two
     launches a layer fewer (`wide.modeling.normroute`). Off until measured on the H200."""
 
+    decode_qkv: bool = False
+    """Decode steps over a transformers static cache run each routed layer's q / k / v projections, RoPE and cache
+    write as one `wide.kernels.decode_qkv` launch instead of ~10 (`wide.modeling.fused_attention`; Llama / Qwen2
+    attention). Off until measured on the H200."""
+
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
         base = KernelOptions()

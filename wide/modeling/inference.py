@@ -14,7 +14,9 @@ execution. Per routed layer it:
   ``gemm_k`` for ``down_proj`` (SiLU-gated MLPs; others keep the reference path); groups of at least
   `wide.kernels.experts.EXPERT_MIN_GROUP` channels go through ``ffn_experts`` instead (prefill: as experts);
 - wraps the forward of each norm a router reads before (Llama / Qwen RMSNorms): with
-  ``KernelOptions.decode_norm_route`` a decode step computes its output with the router (`wide.modeling.normroute`).
+  ``KernelOptions.decode_norm_route`` a decode step computes its output with the router (`wide.modeling.normroute`);
+- wraps the forward of each routed Llama / Qwen2 attention: with ``KernelOptions.decode_qkv`` a decode step over a
+  static cache runs q / k / v, RoPE and the cache write in one launch (`wide.modeling.fused_attention`).
 
 One routing plan per layer and kind is built once per forward and shared by the paired ops. K/V
 projections stay dense, so HF caches (dynamic or static) work unchanged. State-dict keys do not
@@ -29,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wide.modeling import fused_attention
 from wide.modeling.architectures import ArchSpec, get_path
 from wide.modeling.layer import MaskedActivation, WideLayer
 from wide.modeling.normroute import install as install_norm_route
@@ -197,6 +200,8 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
             if isinstance(q, RoutedLinear) and all(isinstance(m, EarlyLinear) for m in early):
                 object.__setattr__(q, "early", tuple(early))
                 wl.early_kv = True
+            if fused_attention.supported(attn):  # `KernelOptions.decode_qkv`'s seam
+                fused_attention.install(attn, wl)
         mlp = get_path(layer, arch.mlp)
         if "ffn" in wl.gating and not isinstance(mlp, RoutedMLP):
             parent, _, attr = arch.mlp.rpartition(".")

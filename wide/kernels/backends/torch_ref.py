@@ -105,6 +105,21 @@ class TorchBackend(KernelBackend):
     def attention_decode(self, q, k, v, mask, *, lengths=None, scale=None, out=None):
         return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
 
+    def decode_qkv(self, x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin,
+                   k_cache, v_cache, position, out=None):
+        B, D = x.shape[0], k_cache.shape[-1]
+        q = F.linear(x, q_weight, q_bias).view(B, 1, -1, D)
+        k = F.linear(x, k_weight, k_bias).view(B, 1, -1, D)
+        v = F.linear(x, v_weight, v_bias).view(B, 1, -1, D)
+        c, s = cos.reshape(-1, 1, 1, D).float(), sin.reshape(-1, 1, 1, D).float()
+        q, k = rope(q, c, s), rope(k, c, s)
+        q = apply_mask(q, expand_groups(mask, q.shape[2] // mask.shape[-1]).unsqueeze(-1))
+        at = position.reshape(1).long()
+        k_cache.index_copy_(2, at, k.transpose(1, 2).to(k_cache.dtype))
+        v_cache.index_copy_(2, at, v.transpose(1, 2).to(v_cache.dtype))
+        position.add_(1)
+        return _into(out, q)
+
     def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps) if normalize else x
         m = F.linear(h.to(down.dtype), down, bias if up is None else None)
@@ -141,6 +156,15 @@ class TorchBackend(KernelBackend):
                                     decide=False)
         return self.coherent_select(margin, ema, selection, step, keep=keep, memory=memory,
                                     refresh_every=refresh_every, keep_scale=keep_scale, groups=groups)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's ``x * cos + rotate_half(x) * sin`` in fp32, rounded once to ``x``'s dtype (what compiled glue computes;
+    eager bf16 rounds each product)."""
+    x32 = x.float()
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + rot * sin).to(x.dtype)
 
 
 def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -197,6 +197,26 @@ class TritonBackend(KernelBackend):
             ok, why = False, "needs a contiguous state"
         return ok, why
 
+    def verify_decode_qkv(self, x, q_weight, k_weight, v_weight, mask, q_bias=None, k_bias=None, v_bias=None,
+                          cos=None, sin=None, k_cache=None, v_cache=None, position=None, out=None, **_):
+        ok, why = _common(mask, x, q_weight, k_weight, v_weight, q_bias, k_bias, v_bias, k_cache, v_cache)
+        if ok:
+            ok, why = _device_ok(x, cos, sin, position)
+        if ok and (cos.dtype not in _DTYPES or sin.dtype not in _DTYPES):
+            ok, why = False, f"cos / sin dtype {cos.dtype} / {sin.dtype} not in fp16/bf16/fp32"
+        if ok and not all(w.is_contiguous() for w in (q_weight, k_weight, v_weight)):
+            ok, why = False, "q / k / v weights must be contiguous"
+        if ok and (k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1):
+            ok, why = False, "the caches and cos / sin need a contiguous last dimension"
+        if ok and (k_cache.shape[-1] < 32 or k_cache.shape[-1] & (k_cache.shape[-1] - 1)):
+            ok, why = False, f"head dim {k_cache.shape[-1]} is not a power of two >= 32"
+        if ok and x.shape[0] > 64:
+            ok, why = False, f"{x.shape[0]} rows > 64 (decode batches)"
+        if ok:
+            ok, why = _out_ok(out, (x.shape[0], 1, q_weight.shape[0] // k_cache.shape[-1], k_cache.shape[-1]),
+                              x.dtype)
+        return ok, why
+
     def verify_rms_norm_route(self, x, norm_weight, down, up=None, bias=None, **_):
         ok, why = self.verify_router_margin(x, down, up, bias)
         if ok:
@@ -249,6 +269,13 @@ class TritonBackend(KernelBackend):
         from ..triton import router as host
 
         return host.router_margin(x, down, up, bias, normalize, eps, decide)
+
+    def decode_qkv(self, x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin,
+                   k_cache, v_cache, position, out=None):
+        from ..triton import decode_qkv as host
+
+        return host.decode_qkv(x, q_weight, k_weight, v_weight, mask, q_bias, k_bias, v_bias, cos, sin, k_cache,
+                               v_cache, position, out)
 
     def rms_norm_route(self, x, norm_weight, norm_eps, down, up, bias, *, normalize=True, eps=1e-6):
         from ..triton import router as host

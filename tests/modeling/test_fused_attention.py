@@ -1,0 +1,178 @@
+"""`KernelOptions.decode_qkv`: a decode step over a static cache runs a routed Llama / Qwen2 attention's q / k / v,
+RoPE and cache write as one `decode_qkv` call (`wide.modeling.fused_attention`); logits, cache and tokens are those
+of transformers' own forward."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import wide
+import wide.kernels
+from tests.conftest import tiny_model
+from wide.kernels import use_kernel_options
+from wide.modeling import fused_attention
+from wide.modeling.inference import enable_kernels, set_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _routed(arch="llama", backend="torch", **sizes):
+    model = tiny_model(arch, **sizes)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    return enable_kernels(model.eval(), backend)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The ``[B, 1, K]`` inputs of every `decode_qkv` call."""
+    seen = []
+    real = wide.kernels.decode_qkv
+
+    def spy(x, *a, **k):
+        seen.append(tuple(x.shape))
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(wide.kernels, "decode_qkv", spy)
+    return seen
+
+
+def _static_steps(model, ids, steps=3):
+    """Prefill over a static cache, then ``steps`` greedy decode steps: (every step's logits, the cache's keys and
+    values of every layer, its write positions)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps + 2)
+    logits = []
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        logits.append(out.logits[:, -1])
+        nxt = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1])
+            nxt = out.logits[:, -1:].argmax(-1)
+    kv = [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+    return torch.stack(logits), kv, [int(layer.cumulative_length) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decode_steps_fuse_and_match_transformers(arch, calls):
+    model = _routed(arch)
+    assert all(fused_attention.INNER in vars(layer.self_attn) for layer in model.model.layers)
+    ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
+    off = _static_steps(model, ids)
+    assert not calls
+    with use_kernel_options(decode_qkv=True):
+        on = _static_steps(model, ids)
+    assert calls == [(3, 1, 64)] * 3 * model.config.num_hidden_layers, "one call per layer and decode step"
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert on[2] == off[2] == [6 + 3] * model.config.num_hidden_layers
+    set_kernels(model, False)  # the reference path (masked dense compute): the same greedy tokens
+    ref = _static_steps(model, ids)
+    assert torch.equal(ref[0].argmax(-1), off[0].argmax(-1))
+
+
+def test_generate_with_a_static_cache_keeps_the_tokens(calls):
+    model = _routed("qwen2")
+    ids = torch.randint(3, 96, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, min_new_tokens=5, do_sample=False,
+              cache_implementation="static")
+    off = model.generate(ids, **kw)
+    with use_kernel_options(decode_qkv=True):
+        on = model.generate(ids, **kw)
+    assert len(calls) == 4 * model.config.num_hidden_layers and torch.equal(on, off)
+
+
+def test_other_steps_and_modules_take_the_own_forward(calls):
+    model = _routed("qwen3")
+    attn = model.model.layers[0].self_attn
+    assert not fused_attention.supported(attn) and fused_attention.INNER not in vars(attn)  # q / k norms
+    model = _routed("llama")
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(2))
+    with use_kernel_options(decode_qkv=True), torch.no_grad():
+        out = model(ids, use_cache=True)  # a prefill, then a decode step over a dynamic cache
+        model(ids[:, -1:], past_key_values=out.past_key_values)
+        with wide.modeling.runtime_of(model).routing_off():  # no masks: nothing routed to fuse
+            _static_steps(model, ids, 1)
+        model.train()
+        _static_steps(model, ids, 1)
+    assert not calls
+
+
+def test_triton_interpreter_matches_the_unfused_kernels():
+    """fp32 tiny Llama and Qwen2 (head dim 32) through the Triton kernels (CPU interpreter): one fused launch per
+    layer and decode step, the logits, cache and tokens of the unfused kernels."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, wide
+        sys.path.insert(0, %r)
+        from tests.conftest import tiny_model
+        from tests.modeling.test_fused_attention import _static_steps
+        from wide.kernels import get_backend, use_kernel_options
+        from wide.kernels.triton import decode_qkv
+        from wide.modeling.inference import enable_kernels
+        assert get_backend("triton").is_available()
+        for arch in ("llama", "qwen2"):
+            m = tiny_model(arch, num_hidden_layers=2, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32)
+            wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
+            enable_kernels(m, "triton")
+            ids = torch.randint(3, 96, (3, 5))
+            off = _static_steps(m, ids, 2)
+            launches = []
+            real = decode_qkv._decode_qkv_kernel
+            class Spy:
+                def __getitem__(self, grid):
+                    launches.append(grid)
+                    return real[grid]
+            decode_qkv._decode_qkv_kernel = Spy()
+            with use_kernel_options(decode_qkv=True):
+                on = _static_steps(m, ids, 2)
+            decode_qkv._decode_qkv_kernel = real
+            assert len(launches) == 2 * 2, launches
+            torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
+            for a, b in zip(on[1], off[1]):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            assert on[2] == off[2] and torch.equal(on[0].argmax(-1), off[0].argmax(-1))
+        print("OK")
+        """
+    ) % str(ROOT)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch, layout", [
+    ("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                   head_dim=64)),  # SmolLM2
+    ("qwen2", dict(hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=2,
+                   head_dim=128)),  # Qwen2.5-1.5B's attention
+], ids=["smollm2", "qwen2.5"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, layout, batch):
+    model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
+    enable_kernels(model.eval(), "triton")
+    ids = torch.randint(3, 512, (batch, 9), generator=torch.Generator().manual_seed(5)).cuda()
+    off = _static_steps(model, ids, 4)
+    with use_kernel_options(decode_qkv=True):
+        on = _static_steps(model, ids, 4)
+    torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    assert on[2] == off[2]
+    tokens_off = wide.generate(model, ids, max_new_tokens=8)
+    with use_kernel_options(decode_qkv=True):
+        tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
+    assert (tokens_on == tokens_off).float().mean() >= 0.9
