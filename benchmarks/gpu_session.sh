@@ -44,6 +44,11 @@
 #   qkv23         [detached] issue 23's fused decode_qkv: its GPU tests, then graph-replay profiles (Qwen2.5-1.5B, SmolLM2
 #                 and 8B shapes, low-rank routers) without / with decode_qkv (and with decode_norm_route on one
 #                 stream), then the 8B decode rows of wide bench for the same variants (no assets)
+#   qkv23b        [detached] as qkv23 without its 8B wide bench rows: GPU tests, then b1 / b16 profiles without / with
+#                 decode_qkv (Qwen2.5-1.5B, SmolLM2 and 8B shapes)
+#   qwen23        [detached] issue 23 on the real Qwen2.5-1.5B with the routers in .qwen_routers/ (held-out text): decode
+#                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
+#                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -99,7 +104,7 @@ recv)
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -467,6 +472,33 @@ _qkv23)
       --json /tmp/res/bench_8b_v$v.json > /tmp/res/bench_8b_v$v.md 2>&1; echo "8b v$v"; grep -i "decode" /tmp/res/bench_8b_v$v.md | head -12
   done
   echo QKV23_DONE
+  ;;
+_qkv23b)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
+    tests/kernels/test_backend_contract.py -k "fused or decode_qkv" > /tmp/res/gpu_tests_qkv.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_qkv.txt
+  V0=""; V1="--kernel-option decode_qkv=1"
+  for sh in llama-8b qwen2.5-1.5b smollm2-135m; do for b in 1 16; do for v in 0 1; do eval "opt=\$V$v"
+    timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch $b --router lowrank --sparsity 0.5 \
+      --top 40 $opt > /tmp/res/profile_${sh}_b${b}_v$v.txt 2>&1; echo "$sh b$b v$v $(tail -1 /tmp/res/profile_${sh}_b${b}_v$v.txt)"
+  done; done; done
+  echo QKV23B_DONE
+  ;;
+_qwen23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
+  ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
+  V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"
+  for v in 1 0; do eval "opt=\$V$v"
+    timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
+      $opt --json /tmp/res/qwen23_v$v.json > /tmp/res/qwen23_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen23_v$v.md
+    timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \
+      $opt --json /tmp/res/smol23_v$v.json > /tmp/res/smol23_v$v.md 2>&1; echo "smol v$v"; tail -8 /tmp/res/smol23_v$v.md
+  done
+  timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --prefill --decode-batch 1 16 --dense-compile \
+    $V1 --json /tmp/res/qwen23_dc.json > /tmp/res/qwen23_dc.md 2>&1; echo "qwen dense-compile"; tail -12 /tmp/res/qwen23_dc.md
+  echo QWEN23_DONE
   ;;
 _realbench)
   # real masks: the WIDE calibration fit of the Qwen grid (run the grid's method=wide cells first)

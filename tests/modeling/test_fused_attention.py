@@ -43,9 +43,10 @@ def calls(monkeypatch):
     return seen
 
 
-def _static_steps(model, ids, steps=3):
-    """Prefill over a static cache, then ``steps`` greedy decode steps: (every step's logits, the cache's keys and
-    values of every layer, its write positions)."""
+def _static_steps(model, ids, steps=3, feed=None):
+    """Prefill over a static cache, then ``steps`` decode steps, greedy or feeding ``feed [B, steps]`` (a random
+    model's near-tied logits flip a bf16 argmax): (every step's logits, the cache's keys and values of every layer,
+    its write positions)."""
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + steps + 2)
@@ -54,8 +55,8 @@ def _static_steps(model, ids, steps=3):
         out = model(ids, past_key_values=cache, use_cache=True)
         logits.append(out.logits[:, -1])
         nxt = out.logits[:, -1:].argmax(-1)
-        for _ in range(steps):
-            out = model(nxt, past_key_values=cache, use_cache=True)
+        for i in range(steps):
+            out = model(nxt if feed is None else feed[:, i:i + 1], past_key_values=cache, use_cache=True)
             logits.append(out.logits[:, -1])
             nxt = out.logits[:, -1:].argmax(-1)
     kv = [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
@@ -164,10 +165,12 @@ def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, l
     model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
     enable_kernels(model.eval(), "triton")
-    ids = torch.randint(3, 512, (batch, 9), generator=torch.Generator().manual_seed(5)).cuda()
-    off = _static_steps(model, ids, 4)
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 512, (batch, 9), generator=gen).cuda()
+    feed = torch.randint(3, 512, (batch, 4), generator=gen).cuda()
+    off = _static_steps(model, ids, 4, feed)
     with use_kernel_options(decode_qkv=True):
-        on = _static_steps(model, ids, 4)
+        on = _static_steps(model, ids, 4, feed)
     torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
     for a, b in zip(on[1], off[1]):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
@@ -175,4 +178,5 @@ def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, l
     tokens_off = wide.generate(model, ids, max_new_tokens=8)
     with use_kernel_options(decode_qkv=True):
         tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
-    assert (tokens_on == tokens_off).float().mean() >= 0.9
+    # the first decode step's tokens (later ones follow each side's own, possibly near-tied, argmax)
+    assert tokens_on.shape == tokens_off.shape and torch.equal(tokens_on[:, :11], tokens_off[:, :11])
