@@ -45,7 +45,8 @@
 #                 and 8B shapes, low-rank routers) without / with decode_qkv (and with decode_norm_route on one
 #                 stream), then the 8B decode rows of wide bench for the same variants (no assets)
 #   qkv23b        [detached] as qkv23 without its 8B wide bench rows: GPU tests, then b1 / b16 profiles without / with
-#                 decode_qkv (Qwen2.5-1.5B, SmolLM2 and 8B shapes)
+#                 decode_qkv (v1: dense q beside the side-stream router; v2: one stream, routed q after the router;
+#                 Qwen2.5-1.5B, SmolLM2 and 8B shapes)
 #   qwen23        [detached] issue 23 on the real Qwen2.5-1.5B with the routers in .qwen_routers/ (held-out text): decode
 #                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
 #                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
@@ -478,8 +479,8 @@ _qkv23b)
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
     tests/kernels/test_backend_contract.py -k "fused or decode_qkv" > /tmp/res/gpu_tests_qkv.txt 2>&1
   tail -3 /tmp/res/gpu_tests_qkv.txt
-  V0=""; V1="--kernel-option decode_qkv=1"
-  for sh in llama-8b qwen2.5-1.5b smollm2-135m; do for b in 1 16; do for v in 0 1; do eval "opt=\$V$v"
+  V0=""; V1="--kernel-option decode_qkv=1"; V2="--kernel-option decode_qkv=1 --no-overlap-routing"
+  for sh in llama-8b qwen2.5-1.5b smollm2-135m; do for b in 1 16; do for v in 0 1 2; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch $b --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b${b}_v$v.txt 2>&1; echo "$sh b$b v$v $(tail -1 /tmp/res/profile_${sh}_b${b}_v$v.txt)"
   done; done; done
@@ -489,8 +490,8 @@ _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
   ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
-  V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"
-  for v in 1 0; do eval "opt=\$V$v"
+  V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"; V2="--kernel-option decode_qkv=1 --no-overlap-routing"
+  for v in 1 0 2; do eval "opt=\$V$v"
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
       $opt --json /tmp/res/qwen23_v$v.json > /tmp/res/qwen23_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen23_v$v.md
     timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \

@@ -272,13 +272,13 @@ def _decode_qkv_cases(dtype, gen):
     shapes = [  # (B, K, Hq, Hk, D, groups, bias, cos rows, position, cache length)
         (1, 72, 4, 2, 32, 2, True, 1, 5, 9), (3, 100, 6, 2, 64, 3, False, 1, 0, 4), (5, 40, 4, 4, 32, 4, True, 5, 3, 4),
         (2, 130, 8, 2, 32, 1, True, 2, 6, 7)]
-    for (B, K, HQ, HK, D, G, bias, crows, pos, S), kind in itertools.product(shapes, MASKS[:3]):
+    for (B, K, HQ, HK, D, G, bias, crows, pos, S), kind in itertools.product(shapes, (*MASKS[:3], "none")):
         x = _randn(gen, B, 1, K, dtype=dtype)
         ws = [_randn(gen, h * D, K, dtype=dtype, scale=K ** -0.5) for h in (HQ, HK, HK)]
         bs = [_randn(gen, h * D, dtype=dtype, scale=0.1) if bias else None for h in (HQ, HK, HK)]
         angle = torch.rand(crows, 1, D, generator=gen) * 6.28
         cos, sin = angle.cos().to(DEV, dtype), angle.sin().to(DEV, dtype)
-        mask = _mask((B, 1, G), kind, gen)
+        mask = _mask((B, 1, G), kind, gen) if kind != "none" else None  # None: every q head
         cache = _randn(gen, 2, B, HK, S, D, dtype=dtype)
 
         def call(be, x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos):

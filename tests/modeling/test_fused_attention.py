@@ -161,10 +161,12 @@ def test_triton_interpreter_matches_the_unfused_kernels():
                    head_dim=128)),  # Qwen2.5-1.5B's attention
 ], ids=["smollm2", "qwen2.5"])
 @pytest.mark.parametrize("batch", [1, 5])
-def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, layout, batch):
+@pytest.mark.parametrize("overlap", [True, False], ids=["dense-q-beside-the-router", "routed-q-after-it"])
+def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, layout, batch, overlap):
     model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
     enable_kernels(model.eval(), "triton")
+    wide.set_overlap_routing(model, overlap)
     gen = torch.Generator().manual_seed(5)
     ids = torch.randint(3, 512, (batch, 9), generator=gen).cuda()
     feed = torch.randint(3, 512, (batch, 4), generator=gen).cuda()

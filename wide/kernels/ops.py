@@ -188,7 +188,8 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
     Args:
         x: ``[B, 1, K]`` the attention norm's output.
         q_weight: ``[Hq * D, K]``; k_weight / v_weight: ``[Hk * D, K]`` (contiguous).
-        mask: ``[B, 1, Hq/g]`` bool: the head groups each row runs (q of a skipped group is zero).
+        mask: ``[B, 1, Hq/g]`` bool: the head groups each row runs (q of a skipped group is zero), or ``None``:
+            every q head is computed (the attention reads only its rows' groups).
         q_bias, k_bias, v_bias: ``[N]`` each, or all ``None``.
         cos, sin: ``[B or 1, 1, D]`` the rotary embedding of the step's position (HF's ``position_embeddings``).
         k_cache, v_cache: ``[B, Hk, S, D]`` a static cache layer's keys / values: row ``b``'s new key and value go
@@ -216,9 +217,10 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
     if any(b is None for b in biases) and any(b is not None for b in biases):
         raise ValueError("decode_qkv: q_bias, k_bias and v_bias are given together or not at all")
     HQ = q_weight.shape[0] // D
-    if mask.dim() != 3 or tuple(mask.shape[:2]) != (B, 1):
-        raise ValueError(f"decode_qkv: mask {tuple(mask.shape)} must be [{B}, 1, groups]")
-    _divides(HQ, mask.shape[-1], "decode_qkv")
+    if mask is not None:
+        if mask.dim() != 3 or tuple(mask.shape[:2]) != (B, 1):
+            raise ValueError(f"decode_qkv: mask {tuple(mask.shape)} must be [{B}, 1, groups]")
+        _divides(HQ, mask.shape[-1], "decode_qkv")
     for name, t in (("cos", cos), ("sin", sin)):
         if t.shape[-1] != D or t.numel() not in (D, B * D):
             raise ValueError(f"decode_qkv: {name} {tuple(t.shape)} must be [{B} or 1, 1, {D}]")

@@ -7,8 +7,9 @@ attention module's forward (`install`); a qualifying step — kernels on and the
 per row, a transformers ``StaticLayer`` cache (initialised, same dtype and device, not offloaded), plain q / k / v
 linears, no q / k norms — runs `wide.kernels.decode_qkv` instead (the routed q, the dense k / v, RoPE, the cache
 write and its position bump in one launch), then the same attention call and ``o_proj`` as transformers' forward.
-Everything else calls the module's own forward. The attention router then runs before the fused launch (it needs
-the mask), not beside the K / V projections on a side stream.
+Everything else calls the module's own forward. With the attention router on its side stream (the default,
+`set_overlap_routing`) the launch computes every q head while the router decides beside it, and the attention waits
+for the mask; on one stream the router decides first and the launch skips the q heads of unrun groups.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ def _fused_forward(self, hidden: torch.Tensor, layer, kwargs: dict):
     kwargs.pop("cache", None)
     cos, sin = kwargs.pop("position_embeddings")
     attention_mask = kwargs.pop("attention_mask", None)
-    mask, _ = wl.kernel_mask("attn")  # joins a router still deciding on the side stream
+    # a router still deciding on its side stream (`set_overlap_routing`) keeps deciding beside this launch, which
+    # then computes every q head (the attention and o_proj wait for the mask); on one stream, the routed q
+    mask = None if wl.routing_pending else wl.kernel_mask("attn")[0]
     q = kernels.decode_qkv(hidden, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, mask,
                            q_bias=self.q_proj.bias, k_bias=self.k_proj.bias, v_bias=self.v_proj.bias, cos=cos,
                            sin=sin, k_cache=layer.keys, v_cache=layer.values, position=layer.cumulative_length,

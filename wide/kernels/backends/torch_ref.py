@@ -113,7 +113,8 @@ class TorchBackend(KernelBackend):
         v = F.linear(x, v_weight, v_bias).view(B, 1, -1, D)
         c, s = cos.reshape(-1, 1, 1, D).float(), sin.reshape(-1, 1, 1, D).float()
         q, k = rope(q, c, s), rope(k, c, s)
-        q = apply_mask(q, expand_groups(mask, q.shape[2] // mask.shape[-1]).unsqueeze(-1))
+        if mask is not None:
+            q = apply_mask(q, expand_groups(mask, q.shape[2] // mask.shape[-1]).unsqueeze(-1))
         at = position.reshape(1).long()
         k_cache.index_copy_(2, at, k.transpose(1, 2).to(k_cache.dtype))
         v_cache.index_copy_(2, at, v.transpose(1, 2).to(v_cache.dtype))

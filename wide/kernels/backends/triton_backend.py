@@ -38,11 +38,12 @@ def _device_ok(*tensors) -> tuple[bool, str]:
 
 
 def _common(mask, *tensors, float_dtype=None) -> tuple[bool, str]:
-    if mask.dtype != torch.bool:
+    """Mask (``None``: an op that may run unmasked), autograd, device and dtype checks of a call."""
+    if mask is not None and mask.dtype != torch.bool:
         return False, f"needs a bool mask (got {mask.dtype}; float masks are the training path)"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return False, "autograd is not supported (forward-only backend)"
-    ok, why = _device_ok(mask, *tensors)
+    ok, why = _device_ok(*((mask,) if mask is not None else ()), *tensors)
     if not ok:
         return ok, why
     dtype = float_dtype or tensors[0].dtype

@@ -9,7 +9,9 @@ the shares in split order (deterministic), adds the bias, rounds to the activati
 rotates q and k (HF's ``rotate_half`` form, in fp32, rounded once), and writes q (zeros for rows that skip the
 group) and k / v into the static cache at the position the cache's counter holds. The last head to finish bumps
 that counter by one, as transformers' ``StaticLayer.update`` does, so the launch is CUDA-graph safe (no host
-read). No library fuses a routed q projection with RoPE and a cache write; written here for that reason.
+read). Without a mask every q head is computed: the attention router may then still be deciding beside this
+launch (its side stream), and only the attention and ``o_proj`` wait for it. No library fuses a routed q
+projection with RoPE and a cache write; written here for that reason.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def _decode_qkv_kernel(
     q_ptr, kc_ptr, vc_ptr, pos_ptr, ws_ptr, cnt_ptr,
     M, K, HQ, HK, S, HPG,
     sxm, smm, smg, scm, ssm, sqm, sqh, skb, skh, sks, svb, svh, svs,
-    HAS_BIAS: tl.constexpr, HALF: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HALF: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     u = tl.program_id(0)  # the head: q heads [0, HQ), k heads [HQ, HQ + HK), v heads [HQ + HK, HQ + 2 HK)
     s = tl.program_id(1)  # the share of the reduction
@@ -43,8 +45,10 @@ def _decode_qkv_kernel(
     if is_q:
         w_base = wq_ptr + u.to(tl.int64) * (2 * HALF) * K
         b_base = bq_ptr + u * (2 * HALF)
-        # the rows that run this head's group (a q head no row runs is never read)
-        run = tl.load(mask_ptr + rm64 * smm + (u // HPG) * smg, mask=mvalid, other=0) != 0
+        if HAS_MASK:  # the rows that run this head's group (a q head no row runs is never read)
+            run = tl.load(mask_ptr + rm64 * smm + (u // HPG) * smg, mask=mvalid, other=0) != 0
+        else:  # every head (the mask is still being decided beside this launch)
+            run = mvalid
     elif is_k:
         w_base = wk_ptr + (u - HQ).to(tl.int64) * (2 * HALF) * K
         b_base = bk_ptr + (u - HQ) * (2 * HALF)
@@ -163,7 +167,7 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
         x2 = x2.contiguous()
     hd = k_cache.shape[-1]
     hq, hk = q_weight.shape[0] // hd, k_weight.shape[0] // hd
-    m2 = mask.reshape(B, mask.shape[-1]).view(torch.uint8)
+    m2 = mask.reshape(B, mask.shape[-1]).view(torch.uint8) if mask is not None else x2
     # HF's rotary embedding gives one row when the position ids have one (every row at the same position)
     c2, s2 = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)
     q = out if out is not None else torch.empty(B, 1, hq, hd, device=x.device, dtype=x.dtype)
@@ -179,10 +183,10 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     _decode_qkv_kernel[(units, split)](
         x2, q_weight, k_weight, v_weight, q_bias if has_bias else x2, k_bias if has_bias else x2,
         v_bias if has_bias else x2, c2, s2, m2, q, k_cache, v_cache, position, ws, cnt,
-        B, K, hq, hk, k_cache.shape[2], hq // mask.shape[-1],
+        B, K, hq, hk, k_cache.shape[2], hq // mask.shape[-1] if mask is not None else 1,
         x2.stride(0), m2.stride(0), m2.stride(1), c2.stride(0), s2.stride(0), q.stride(0), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
-        HAS_BIAS=has_bias, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
+        HAS_BIAS=has_bias, HAS_MASK=mask is not None, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
         num_warps=4)
     return q
