@@ -104,6 +104,8 @@ recv)
     cp .device/manifest.txt /tmp/up/
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
+  # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
+  tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
 bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23)
   detach "$1" ;;

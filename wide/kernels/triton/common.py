@@ -50,23 +50,25 @@ _COUNTERS: dict = {}
 _RETIRED: list = []  # outgrown counter buffers: a captured CUDA graph may still point at one, so never freed
 
 
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+def arrival_counters(device: torch.device, n: int, owner: str = "") -> torch.Tensor:
     """At least ``n`` int32 counters on ``device``, zero between launches: kernels whose programs meet at
-    a counter (the last to arrive finishes the work) reset their own. One set per device, so such kernels
-    must not run concurrently on two streams of one device.
+    a counter (the last to arrive finishes the work) reset their own. One set per device and ``owner``, so
+    kernels of one owner must not run concurrently on two streams of one device; a kernel that runs beside the
+    others (`decode_qkv`, beside the attention router on its side stream) takes its own ``owner``.
 
     The buffer is made (zeroed) eagerly: under CUDA-graph capture a new buffer's zeroing would only be
     recorded, not run, so a capture that needs a new or larger buffer is refused — warm up first (an eager
     call of the same op, as every capture needs anyway for Triton's compilation).
     """
-    cnt = _COUNTERS.get(device)
+    key = (device, owner)
+    cnt = _COUNTERS.get(key)
     if cnt is None or cnt.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("wide.kernels: the arrival counters of gemm_k / router_margin are made on the first "
                                "eager call; run the op once eagerly (a warm-up) before capturing a CUDA graph")
         if cnt is not None:
             _RETIRED.append(cnt)
-        cnt = _COUNTERS[device] = torch.zeros(max(n, 4096), device=device, dtype=torch.int32)
+        cnt = _COUNTERS[key] = torch.zeros(max(n, 4096), device=device, dtype=torch.int32)
     return cnt
 
 
