@@ -44,9 +44,8 @@
 #   qkv23         [detached] issue 23's fused decode_qkv: its GPU tests, then graph-replay profiles (Qwen2.5-1.5B, SmolLM2
 #                 and 8B shapes, low-rank routers) without / with decode_qkv (and with decode_norm_route on one
 #                 stream), then the 8B decode rows of wide bench for the same variants (no assets)
-#   qkv23b        [detached] as qkv23 without its 8B wide bench rows: GPU tests, then b1 profiles without / with
-#                 decode_qkv (v1: dense q beside the side-stream router; v2: one stream, routed q after the router;
-#                 Qwen2.5-1.5B, SmolLM2 and 8B shapes)
+#   qkv23b        [detached] issue 23's fused decode: GPU tests, then b1 / b16 profiles of the SmolLM2, Qwen2.5-1.5B and
+#                 8B shapes without (v0) / with decode_qkv (v1) / with decode_qkv and decode_residual (v2)
 #   qwen23        [detached] issue 23 on the real Qwen2.5-1.5B with the routers in .qwen_routers/ (held-out text): decode
 #                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
 #                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
@@ -479,11 +478,12 @@ _qkv23)
 _qkv23b)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
-    tests/kernels/test_backend_contract.py -k "fused or decode_qkv" > /tmp/res/gpu_tests_qkv.txt 2>&1
+    tests/modeling/test_fused_residual.py tests/kernels/test_backend_contract.py -k "fused or decode_qkv or gemm_k" \
+    > /tmp/res/gpu_tests_qkv.txt 2>&1
   tail -3 /tmp/res/gpu_tests_qkv.txt
-  V0=""; V1="--kernel-option decode_qkv=1"; V2="--kernel-option decode_qkv=1 --no-overlap-routing"
-  # batch 1 only: since 52ad751 the fused launch takes batch-1 steps (larger batches run transformers' forward)
-  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for b in 1; do for v in 0 1 2; do eval "opt=\$V$v"
+  V0=""; V1="--kernel-option decode_qkv=1"; V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"
+  # (batch 16: decode_qkv takes transformers' forward since 52ad751, decode_residual fuses)
+  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for b in 1 16; do for v in 0 1 2; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch $b --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b${b}_v$v.txt 2>&1; echo "$sh b$b v$v $(tail -1 /tmp/res/profile_${sh}_b${b}_v$v.txt)"
   done; done; done
@@ -493,7 +493,7 @@ _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
   ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
-  V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"; V2="--kernel-option decode_qkv=1 --no-overlap-routing"
+  V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"; V2="$V1 --kernel-option decode_residual=1"
   for v in 1 0 2; do eval "opt=\$V$v"
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
       $opt --json /tmp/res/qwen23_v$v.json > /tmp/res/qwen23_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen23_v$v.md

@@ -89,9 +89,13 @@ def _gemm_k_cases(dtype, gen):
         if x_masked:  # the promise: x is zero in the masked groups (gemm_mn's output under the same mask)
             x = x * expand_groups(mask, K // ng).to(dtype)
         w, b = _randn(gen, N, K, dtype=dtype, scale=0.2), _randn(gen, N, dtype=dtype) if kind != "on" else None
-        yield (f"{lead} {kind} x_masked={x_masked}",
-               lambda be, x=x, w=w, b=b, m=mask, xm=x_masked: wk.gemm_k(x, w, m, bias=b, x_masked=xm, backend=be),
-               lambda x=x, w=w, b=b, m=mask: wk.gemm_k(x.float(), w.float(), m, bias=_f32(b), backend=REFERENCE),
+        # a residual stream added in the epilogue (a decode step's o_proj / down_proj with the layer's add)
+        r = _randn(gen, *lead, N, dtype=dtype) if kind in ("random", "off") else None
+        yield (f"{lead} {kind} x_masked={x_masked} residual={r is not None}",
+               lambda be, x=x, w=w, b=b, m=mask, xm=x_masked, r=r: wk.gemm_k(x, w, m, bias=b, x_masked=xm,
+                                                                             residual=r, backend=be),
+               lambda x=x, w=w, b=b, m=mask, r=r: wk.gemm_k(x.float(), w.float(), m, bias=_f32(b), residual=_f32(r),
+                                                            backend=REFERENCE),
                _cmp(dtype))
 
 

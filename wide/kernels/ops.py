@@ -103,7 +103,7 @@ def swiglu(x, gate_weight, up_weight=None, mask=None, *, plan: RoutingPlan | Non
 
 @torch.compiler.disable
 def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backend: str = "auto",
-           out=None, x_masked: bool = False):
+           out=None, x_masked: bool = False, residual=None):
     """Reduction-width routed linear: ``(x * mask expanded over K groups) @ weight^T (+ bias)``.
 
     Args:
@@ -115,6 +115,8 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
         x_masked: promise that ``x`` is already zero in masked groups (it is the output of `gemm_mn` /
             `swiglu` under the same mask, e.g. the down projection after gate/up); fast backends may
             then skip applying the mask. Results are the same either way when the promise holds.
+        residual: ``[..., N]`` added to the result (a decoder layer's residual stream): backends that take it
+            (``takes_residual``) add it in fp32 before rounding, for the others it is added after.
 
     Returns:
         ``[..., N]``.
@@ -123,9 +125,16 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"gemm_k: weight {tuple(weight.shape)} must be [N, {x.shape[-1]}]")
     _divides(x.shape[-1], mask.shape[-1], "gemm_k")
+    if residual is not None and (tuple(residual.shape) != (*x.shape[:-1], weight.shape[0])
+                                 or residual.dtype != x.dtype or residual.device != x.device):
+        raise ValueError(f"gemm_k: residual {tuple(residual.shape)} {residual.dtype} must be "
+                         f"[{', '.join(map(str, (*x.shape[:-1], weight.shape[0])))}] {x.dtype} on {x.device}")
     call = dict(x=x, weight=weight, mask=mask, bias=bias, plan=plan, out=out)
-    return dispatch.choose("gemm_k", backend, call, x.device).gemm_k(
-        x, weight, mask, bias=bias, plan=plan, out=out, x_masked=x_masked)
+    impl = dispatch.choose("gemm_k", backend, call, x.device)
+    if residual is not None and impl.takes_residual:
+        return impl.gemm_k(x, weight, mask, bias=bias, plan=plan, out=out, x_masked=x_masked, residual=residual)
+    y = impl.gemm_k(x, weight, mask, bias=bias, plan=plan, out=out, x_masked=x_masked)
+    return y if residual is None else y.add_(residual)
 
 
 @torch.compiler.disable

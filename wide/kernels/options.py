@@ -45,6 +45,11 @@ class KernelOptions:
     write as one `wide.kernels.decode_qkv` launch instead of ~10 (`wide.modeling.fused_attention`; Llama / Qwen2
     attention). Off until measured on the H200."""
 
+    decode_residual: bool = False
+    """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the
+    routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). Off
+    until measured on the H200."""
+
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
         base = KernelOptions()

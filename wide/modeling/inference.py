@@ -16,7 +16,9 @@ execution. Per routed layer it:
 - wraps the forward of each norm a router reads before (Llama / Qwen RMSNorms): with
   ``KernelOptions.decode_norm_route`` a decode step computes its output with the router (`wide.modeling.normroute`);
 - wraps the forward of each routed Llama / Qwen2 attention: with ``KernelOptions.decode_qkv`` a decode step over a
-  static cache runs q / k / v, RoPE and the cache write in one launch (`wide.modeling.fused_attention`).
+  static cache runs q / k / v, RoPE and the cache write in one launch (`wide.modeling.fused_attention`);
+- wraps the forward of each Llama / Qwen2 decoder layer: with ``KernelOptions.decode_residual`` a decode step adds
+  the residual stream in the epilogues of ``o_proj`` / ``down_proj`` (`wide.modeling.fused_residual`).
 
 One routing plan per layer and kind is built once per forward and shared by the paired ops. K/V
 projections stay dense, so HF caches (dynamic or static) work unchanged. State-dict keys do not
@@ -31,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wide.modeling import fused_attention
+from wide.modeling import fused_attention, fused_residual
 from wide.modeling.architectures import ArchSpec, get_path
 from wide.modeling.layer import MaskedActivation, WideLayer
 from wide.modeling.normroute import install as install_norm_route
@@ -86,7 +88,9 @@ class RoutedLinear(_LinearView):
         # o_proj after this layer's routed attention: its input is already zero in the skipped heads, so the
         # GEMM needs no masking pass (a launch and a read + write of x per prefill layer)
         zeroed = self.kind == "attn" and wl.take_heads_zeroed()
-        return kernels.gemm_k(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend, x_masked=zeroed)
+        residual = wl.pending_residual.pop(self.kind, None)  # `wide.modeling.fused_residual`: the add in the epilogue
+        return kernels.gemm_k(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend, x_masked=zeroed,
+                              residual=residual)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind}, mode={self.mode}"
@@ -142,8 +146,10 @@ class RoutedMLP(nn.Module):
                 # wide groups: one op, whose backend may run them as experts (grouped GEMMs, fixed-order combine)
                 return kernels.ffn_experts(x, gate.weight, up.weight, down.weight, mask, plan=plan, backend=wl.backend)
             h = kernels.swiglu(x, gate.weight, up.weight, mask, plan=plan, backend=wl.backend)
-            # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again
-            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend, x_masked=True)
+            # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again; a decode step's residual
+            # (`wide.modeling.fused_residual`) is added in its epilogue
+            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend, x_masked=True,
+                                  residual=wl.pending_residual.pop("ffn", None))
         return down(act(gate(x)) * up(x))
 
 
@@ -202,6 +208,8 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
                 wl.early_kv = True
             if fused_attention.supported(attn):  # `KernelOptions.decode_qkv`'s seam
                 fused_attention.install(attn, wl)
+        if fused_residual.supported(layer):  # `KernelOptions.decode_residual`'s seam
+            fused_residual.install(layer, wl)
         mlp = get_path(layer, arch.mlp)
         if "ffn" in wl.gating and not isinstance(mlp, RoutedMLP):
             parent, _, attr = arch.mlp.rpartition(".")

@@ -47,6 +47,9 @@ class WideLayer(nn.Module):
         self.early_kv = False  # enable_kernels: the routed q projection can run K/V first (`EarlyLinear`)
         self._pending: Optional[torch.cuda.Stream] = None  # the side stream still deciding this step's mask
         self._heads_zeroed = False  # this forward's attention output is zero in every skipped head (see take_...)
+        # per gated sub-layer: the residual stream its closing reduction-width GEMM may add in its epilogue, left by
+        # a decode step's decoder-layer wrapper (`wide.modeling.fused_residual`); taking it removes it
+        self.pending_residual: dict[str, torch.Tensor] = {}
 
     def decides_at(self, sublayer: str) -> bool:
         """Whether some router of this layer reads the input of ``sublayer`` (``attn`` or ``ffn``)."""

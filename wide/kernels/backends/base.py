@@ -35,6 +35,8 @@ class KernelBackend:
     forced by name."""
     priority: ClassVar[int] = 0
     """``auto``'s order among the backends of a device type: the highest first (ties: by name)."""
+    takes_residual: ClassVar[bool] = False
+    """Whether ``gemm_k`` takes ``residual=`` (adds it in its epilogue); for the others the public op adds it."""
     takes_density: ClassVar[bool] = False
     """Whether ``attention_decode`` takes ``density=`` (the expected mask density, a launch-config hint)."""
 

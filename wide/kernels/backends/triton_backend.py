@@ -80,6 +80,7 @@ class TritonBackend(KernelBackend):
     auto_devices = ("cuda",)
     priority = 10
     takes_density = True
+    takes_residual = True
 
     _importable: bool | None = None  # fixed for the process, like the CUDA probe below
     _found: bool | None = None  # importable and a CUDA device present
@@ -245,10 +246,10 @@ class TritonBackend(KernelBackend):
 
         return host.gemm_mn(x, gate_weight, up_weight, mask, None, None, True, plan, out, config)
 
-    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, x_masked=False, config=None):
+    def gemm_k(self, x, weight, mask, *, bias=None, plan=None, out=None, x_masked=False, config=None, residual=None):
         from ..triton import gemm_k as host
 
-        return host.gemm_k(x, weight, mask, bias, plan, out, x_masked, config)
+        return host.gemm_k(x, weight, mask, bias, plan, out, x_masked, config, residual=residual)
 
     def ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, *, plan=None, out=None, path=None, gmm=None,
                     partial_dtype=None):

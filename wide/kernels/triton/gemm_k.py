@@ -102,7 +102,7 @@ def sorted_k_config(M: int, N: int, K: int, group: int) -> GemmConfig | None:
     return GemmConfig(128, 128, pow2_divisor(group, 64), num_warps=8, num_stages=3, variant="sorted")
 
 def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool, config: GemmConfig | None = None,
-           options: KernelOptions | None = None) -> torch.Tensor:
+           options: KernelOptions | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """Routed reduction-width GEMM ``(x * mask expanded) @ weight^T (+ bias)``: picks the path and its config,
     then launches it.
 
@@ -113,6 +113,8 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
         config: an explicit config (its variant is the path); ``None``: `default_k_config`, then the sorted or
             affine variant where the plan says so.
         options: the A/B switches of the default configs (``None``: the current `kernel_options`).
+        residual: ``[..., N]`` added to the result (the direct path in its epilogue, in fp32 before the one
+            rounding; the large-M paths after).
     """
     K = x.shape[-1]
     N = weight.shape[0]
@@ -146,17 +148,18 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
         rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
         gemm_k_sorted(x2, weight, bias, out.view(-1, N), mask2, rows, tile_list, tile_count, K // ng, cfg,
                       x_masked=x_masked)
-        return out
+        return out if residual is None else out.add_(residual)
     if cfg.variant == "premask":
         if not x_masked and not capturing(x):
             # an all-true mask makes the masking pass a copy: skip it (one host sync per plan, prefill only)
             x_masked = plan.known_all_active()
         gemm_k_dense(x2, weight, bias, out.view(-1, N), mask2, K // ng, x_masked=x_masked)
-        return out
+        return out if residual is None else out.add_(residual)
     glist = nlist = None  # "local" builds its tiles' lists in the kernel; the others read none
     if cfg.variant == "list":
         glist, nlist = plan.group_list()
-    gemm_k_direct(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked)
+    gemm_k_direct(x2, weight, bias, out.view(-1, N), mask2, glist, nlist, K // ng, cfg, x_masked=x_masked,
+                  residual=None if residual is None else residual.reshape(-1, N))
     return out
 
 
@@ -174,7 +177,8 @@ def _split_k_buffers(x, out, cfg: GemmConfig, workspace, unused):
 
 
 def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmConfig,
-                  workspace: torch.Tensor | None = None, x_masked: bool = False) -> torch.Tensor:
+                  workspace: torch.Tensor | None = None, x_masked: bool = False,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """Routed reduction-width GEMM over token tiles in natural order: ``out = (x * mask expanded) @ weight^T
     (+ bias)``.
 
@@ -185,6 +189,7 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
             (only read by the ``"list"`` variant; the ``"local"`` variant builds each tile's list in the kernel
             and takes ``None`` for both).
         x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
+        residual: ``[M, N]`` or ``None``, added in the epilogue (fp32, before the output's rounding).
     """
     M, K = x.shape
     N = weight.shape[0]
@@ -208,12 +213,13 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
         nlist = glist
     elif cfg.variant != "list":  # never read
         glist = nlist = mask
+    res = residual if residual is not None else out  # never read without HAS_RES
     _gemm_k_kernel[(tiles, split)](
-        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist,
+        x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist, res,
         M, N, K, ng,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
-        mask.stride(0), mask.stride(1),
-        GROUP=group, HAS_BIAS=bias is not None, SPLIT=split, USE_LIST=listed,
+        mask.stride(0), mask.stride(1), res.stride(0), res.stride(1),
+        GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=split, USE_LIST=listed,
         LOCAL_LIST=cfg.variant == "local", BLOCK_G=block_g,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWAP=cfg.swap,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -1,7 +1,8 @@
 """The reduction-width routed GEMM's ``@triton.jit`` kernels (`gemm_k`); launched only by the host functions in
 `wide.kernels.triton.gemm_k`.
 
-- ``_gemm_k_kernel``: grid over (N tile, token tile, K split). Its K loop is either affine over all
+- ``_gemm_k_kernel``: grid over (N tile, token tile, K split); optionally adds a residual stream in its epilogue
+  (a decode step's ``o_proj`` / ``down_proj`` with the layer's residual add). Its K loop is either affine over all
   chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
   plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
   tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace; the tile's last
@@ -24,12 +25,16 @@ from .tiles import grouped_tile
 
 @triton.jit
 def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, pid_s, M, N,
-                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   res_ptrs, HAS_RES: tl.constexpr):
     """Writes a gemm_k tile: directly, or (split-K) its partial to the fp32 workspace ``ws_tile`` (the tile's
-    rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes."""
+    rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes.
+    ``HAS_RES``: the tile of ``res_ptrs`` (a residual stream) is added in fp32 before the one rounding."""
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=ok)
     else:
         tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
@@ -44,16 +49,18 @@ def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, 
                 tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
+            if HAS_RES:
+                tot += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
             tl.store(out_ptrs, tot.to(out_ptrs.dtype.element_ty), mask=ok)
             tl.store(cnt_ptr + pid, 0)
 
 
 @triton.jit
 def _gemm_k_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr,
+    x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr, r_ptr,
     M, N, K, G,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on, stride_mm, stride_mg, stride_rm, stride_rn,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr, USE_LIST: tl.constexpr,
     LOCAL_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP: tl.constexpr,
@@ -154,7 +161,8 @@ def _gemm_k_kernel(
 
     _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
                    ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid,
-                   cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+                   cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N,
+                   r_ptr + rm64[:, None] * stride_rm + rn[None, :] * stride_rn, HAS_RES)
 
 
 @triton.jit
@@ -197,9 +205,10 @@ def _gemm_k_sorted_kernel(
         acc = tl.dot(a, b, acc)
 
     # outputs go back to the tokens' own rows; split-K partials stay in sorted positions
-    _finish_k_tile(acc, out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on,
-                   ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr,
-                   rn, nvalid, cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)
+    out_ptrs = out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on
+    _finish_k_tile(acc, out_ptrs, ws_ptr + pos.to(tl.int64)[:, None] * N + rn[None, :],
+                   mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid, cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT,
+                   BLOCK_M, BLOCK_N, out_ptrs, False)
 
 
 @triton.jit

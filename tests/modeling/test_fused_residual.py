@@ -1,0 +1,131 @@
+"""`KernelOptions.decode_residual`: a decode step's residual adds run in the epilogues of the routed ``o_proj`` /
+``down_proj`` (`wide.modeling.fused_residual`); logits and tokens are those of transformers' decoder layer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import wide
+import wide.kernels
+from tests.conftest import tiny_model
+from tests.modeling.test_fused_attention import _static_steps
+from wide.kernels import use_kernel_options
+from wide.modeling import fused_residual
+from wide.modeling.inference import enable_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _routed(arch="llama", backend="torch", **sizes):
+    model = tiny_model(arch, **sizes)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
+    return enable_kernels(model.eval(), backend)
+
+
+@pytest.fixture
+def residuals(monkeypatch):
+    """The row count of every `gemm_k` call that got a residual."""
+    seen = []
+    real = wide.kernels.gemm_k
+
+    def spy(x, *a, residual=None, **k):
+        if residual is not None:
+            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(x, *a, residual=residual, **k)
+
+    monkeypatch.setattr(wide.kernels, "gemm_k", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qkv", [False, True], ids=["unfused-qkv", "fused-qkv"])
+def test_decode_steps_add_the_residual_in_the_epilogue(arch, qkv, residuals):
+    model = _routed(arch)
+    assert all(fused_residual.INNER in vars(layer) for layer in model.model.layers)
+    ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
+    with use_kernel_options(decode_qkv=qkv):
+        off = _static_steps(model, ids)
+        assert not residuals
+        with use_kernel_options(decode_residual=True):
+            on = _static_steps(model, ids)
+    assert residuals == [3] * 2 * 3 * model.config.num_hidden_layers, "o_proj and down_proj of every decode step"
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_prefill_reference_path_and_other_layers_keep_the_adds(residuals):
+    from wide.modeling.inference import set_kernels
+
+    model = _routed("llama")
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(1))
+    with use_kernel_options(decode_residual=True), torch.no_grad():
+        out = model(ids, use_cache=True)  # a prefill: the layer's own forward
+        set_kernels(model, False)  # the reference path: the layer's own forward
+        model(ids[:, -1:], past_key_values=out.past_key_values)
+    assert not residuals
+    layer = _routed("qwen3").model.layers[0]  # not a reproduced form
+    assert not fused_residual.supported(layer) and fused_residual.INNER not in vars(layer)
+
+
+def test_triton_interpreter_matches_the_unfused_adds():
+    """fp32 tiny Llama through the Triton kernels (CPU interpreter): the residual in gemm_k's epilogue, split-K and
+    not, gives the logits of the separate adds."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, wide
+        sys.path.insert(0, %r)
+        from tests.conftest import tiny_model
+        from tests.modeling.test_fused_attention import _static_steps
+        from wide.kernels import get_backend, use_kernel_options
+        from wide.modeling.inference import enable_kernels
+        assert get_backend("triton").is_available()
+        m = tiny_model("qwen2", num_hidden_layers=2, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32)
+        wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
+        enable_kernels(m, "triton")
+        for rows in (1, 3):
+            ids = torch.randint(3, 96, (rows, 5))
+            off = _static_steps(m, ids, 2)
+            with use_kernel_options(decode_residual=True, decode_qkv=True):
+                on = _static_steps(m, ids, 2)
+            torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
+            assert on[2] == off[2]
+        print("OK")
+        """
+    ) % str(ROOT)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch, layout", [
+    ("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                   head_dim=64)),  # SmolLM2
+    ("qwen2", dict(hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=2,
+                   head_dim=128)),  # Qwen2.5-1.5B's attention
+], ids=["smollm2", "qwen2.5"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gpu_bf16_residual_in_the_epilogue_gives_the_unfused_logits(arch, layout, batch):
+    model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
+    enable_kernels(model.eval(), "triton")
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(3, 512, (batch, 9), generator=gen).cuda()
+    feed = torch.randint(3, 512, (batch, 4), generator=gen).cuda()
+    off = _static_steps(model, ids, 4, feed)
+    with use_kernel_options(decode_residual=True, decode_qkv=True):
+        on = _static_steps(model, ids, 4, feed)
+        tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue adds captured
+    torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
+    tokens_off = wide.generate(model, ids, max_new_tokens=8)
+    assert torch.equal(tokens_on[:, :11], tokens_off[:, :11])
