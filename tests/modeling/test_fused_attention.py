@@ -112,10 +112,7 @@ def test_other_steps_and_modules_take_the_own_forward(calls):
 def test_triton_interpreter_matches_the_unfused_kernels():
     """fp32 tiny Llama and Qwen2 (head dim 32) through the Triton kernels (CPU interpreter), batch 1: one fused
     launch per layer and decode step, the logits, cache and tokens of the unfused kernels."""
-    script = textwrap.dedent(
-        """
-        import sys, torch, wide
-        sys.path.insert(0, %r)
+    run_interpreted("""
         from tests.conftest import tiny_model
         from tests.modeling.test_fused_attention import _static_steps
         from wide.kernels import get_backend, use_kernel_options
@@ -145,8 +142,31 @@ def test_triton_interpreter_matches_the_unfused_kernels():
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
             assert on[2] == off[2] and torch.equal(on[0].argmax(-1), off[0].argmax(-1))
         print("OK")
-        """
-    ) % str(ROOT)
+        """)
+
+
+GPU_LAYOUTS = [
+    pytest.param("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                               head_dim=64), id="smollm2"),
+    pytest.param("qwen2", dict(hidden_size=1536, intermediate_size=1024, num_attention_heads=12,
+                               num_key_value_heads=2, head_dim=128), id="qwen2.5"),  # Qwen2.5-1.5B's attention
+]
+"""The GPU tests' layouts of the fused decode paths (SmolLM2's and Qwen2.5-1.5B's head shapes)."""
+
+
+def gpu_routed(arch: str, layout: dict, batch: int, seed: int):
+    """A 3-layer bf16 routed model on the GPU (triton kernels), a 9-token prompt and 4 tokens to feed after it."""
+    model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
+    enable_kernels(model.eval(), "triton")
+    gen = torch.Generator().manual_seed(seed)
+    return model, torch.randint(3, 512, (batch, 9), generator=gen).cuda(), \
+        torch.randint(3, 512, (batch, 4), generator=gen).cuda()
+
+
+def run_interpreted(body: str) -> None:
+    """Runs ``body`` (Python, its last line printing OK) in a fresh process with the Triton interpreter on."""
+    script = "import sys, torch, wide\nsys.path.insert(0, %r)\n" % str(ROOT) + textwrap.dedent(body)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
@@ -154,22 +174,12 @@ def test_triton_interpreter_matches_the_unfused_kernels():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("arch, layout", [
-    ("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                   head_dim=64)),  # SmolLM2
-    ("qwen2", dict(hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=2,
-                   head_dim=128)),  # Qwen2.5-1.5B's attention
-], ids=["smollm2", "qwen2.5"])
+@pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
 @pytest.mark.parametrize("batch", [1, 5])  # 5 rows: the GPU takes transformers' own forward (batch-1 launch)
 @pytest.mark.parametrize("overlap", [True, False], ids=["dense-q-beside-the-router", "routed-q-after-it"])
 def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, layout, batch, overlap):
-    model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
-    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
-    enable_kernels(model.eval(), "triton")
+    model, ids, feed = gpu_routed(arch, layout, batch, seed=5)
     wide.set_overlap_routing(model, overlap)
-    gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, 512, (batch, 9), generator=gen).cuda()
-    feed = torch.randint(3, 512, (batch, 4), generator=gen).cuda()
     off = _static_steps(model, ids, 4, feed)
     with use_kernel_options(decode_qkv=True):
         on = _static_steps(model, ids, 4, feed)

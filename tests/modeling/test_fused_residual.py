@@ -3,25 +3,16 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
 import wide
 import wide.kernels
 from tests.conftest import tiny_model
-from tests.modeling.test_fused_attention import _static_steps
+from tests.modeling.test_fused_attention import GPU_LAYOUTS, _static_steps, gpu_routed, run_interpreted
 from wide.kernels import use_kernel_options
 from wide.modeling import fused_residual
 from wide.modeling.inference import enable_kernels
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _routed(arch="llama", backend="torch", **sizes):
     model = tiny_model(arch, **sizes)
@@ -76,12 +67,9 @@ def test_prefill_reference_path_and_other_layers_keep_the_adds(residuals):
 
 
 def test_triton_interpreter_matches_the_unfused_adds():
-    """fp32 tiny Llama through the Triton kernels (CPU interpreter): the residual in gemm_k's epilogue, split-K and
+    """fp32 tiny Qwen2 through the Triton kernels (CPU interpreter): the residual in gemm_k's epilogue, split-K and
     not, gives the logits of the separate adds."""
-    script = textwrap.dedent(
-        """
-        import sys, torch, wide
-        sys.path.insert(0, %r)
+    run_interpreted("""
         from tests.conftest import tiny_model
         from tests.modeling.test_fused_attention import _static_steps
         from wide.kernels import get_backend, use_kernel_options
@@ -99,29 +87,15 @@ def test_triton_interpreter_matches_the_unfused_adds():
             torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
             assert on[2] == off[2]
         print("OK")
-        """
-    ) % str(ROOT)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+        """)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("arch, layout", [
-    ("llama", dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                   head_dim=64)),  # SmolLM2
-    ("qwen2", dict(hidden_size=1536, intermediate_size=1024, num_attention_heads=12, num_key_value_heads=2,
-                   head_dim=128)),  # Qwen2.5-1.5B's attention
-], ids=["smollm2", "qwen2.5"])
+@pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
 @pytest.mark.parametrize("batch", [1, 5])
 def test_gpu_bf16_residual_in_the_epilogue_gives_the_unfused_logits(arch, layout, batch):
-    model = tiny_model(arch, num_hidden_layers=3, vocab_size=512, **layout).cuda().to(torch.bfloat16)
-    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=1, ffn_group_size=64))
-    enable_kernels(model.eval(), "triton")
-    gen = torch.Generator().manual_seed(6)
-    ids = torch.randint(3, 512, (batch, 9), generator=gen).cuda()
-    feed = torch.randint(3, 512, (batch, 4), generator=gen).cuda()
+    model, ids, feed = gpu_routed(arch, layout, batch, seed=6)
     off = _static_steps(model, ids, 4, feed)
     with use_kernel_options(decode_residual=True, decode_qkv=True):
         on = _static_steps(model, ids, 4, feed)

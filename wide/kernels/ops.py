@@ -10,7 +10,7 @@ Tensor conventions (all backends agree; mask True = execute):
 | ffn_experts | x ``[..., K]``, gate/up ``[F, K]``, down ``[N, F]`` | ``[..., F/G]`` | ``gemm_k(swiglu(...), down)`` |
 | attention_prefill | q ``[B, T, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, T, Hq/g]`` | ``[B, T, Hq, D]`` |
 | attention_decode | q ``[B, 1, Hq, D]``, k/v ``[B, S, Hk, D]`` | ``[B, 1, Hq/g]`` | ``[B, 1, Hq, D]`` |
-| decode_qkv | x ``[B, 1, K]``, q / k / v weights, cos / sin, a static cache ``[B, Hk, S, D]`` | ``[B, 1, Hq/g]`` | q ``[B, 1, Hq, D]`` (k / v written into the cache) |
+| decode_qkv | x ``[B, 1, K]``, q/k/v weights, cache ``[B, Hk, S, D]`` | ``[B, 1, Hq/g]`` | q ``[B, 1, Hq, D]`` |
 
 Two routing ops make the masks themselves (eval mode, one launch each on the triton backend):
 `router_margin` (a linear / low-rank router's execute-minus-skip margin or decision) and

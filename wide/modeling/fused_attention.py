@@ -4,10 +4,10 @@ transformers' Llama / Qwen2 attention runs, at a decode step over a static cache
 k, and the cache's ``update`` (an ``arange``, a position add, a counter bump, two ``index_copy_``): about ten
 launches a layer, each a few µs of latency on small models. With the switch on, `enable_kernels` wraps the
 attention module's forward (`install`); a qualifying step — kernels on and the layer's attention routed, one token
-per row (one row on a GPU: `TritonBackend.verify_decode_qkv`), a transformers ``StaticLayer`` cache (initialised, same dtype and device, not offloaded), plain q / k / v
-linears, no q / k norms — runs `wide.kernels.decode_qkv` instead (the routed q, the dense k / v, RoPE, the cache
-write and its position bump in one launch), then the same attention call and ``o_proj`` as transformers' forward.
-Everything else calls the module's own forward. With the attention router on its side stream (the default,
+per row (one row on a GPU: `TritonBackend.verify_decode_qkv`), a transformers ``StaticLayer`` cache (initialised,
+same dtype and device, not offloaded), plain q / k / v linears, no q / k norms — runs `wide.kernels.decode_qkv`
+instead (the routed q, the dense k / v, RoPE, the cache write and its position bump in one launch), then the same
+attention call and ``o_proj`` as transformers' forward. Everything else calls the module's own forward. With the attention router on its side stream (the default,
 `set_overlap_routing`) the launch computes every q head while the router decides beside it, and the attention waits
 for the mask; on one stream the router decides first and the launch skips the q heads of unrun groups.
 """
@@ -15,10 +15,12 @@ for the mask; on one stream the router decides first and the launch skips the q 
 from __future__ import annotations
 
 import sys
-import types
 
 import torch
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from wide.modeling.seam import is_hf_form, wrap_forward
 
 INNER = "_wide_attn_inner_forward"
 FORMS = ("LlamaAttention", "Qwen2Attention")
@@ -28,18 +30,12 @@ o_proj); checked against transformers 5.17 and 5.24."""
 
 def supported(attn: nn.Module) -> bool:
     """Whether ``attn`` is an attention module whose decode step `install` may fuse."""
-    cls = type(attn)
-    return (cls.__module__.startswith("transformers.models.") and cls.__name__ in FORMS
-            and not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm"))
+    return is_hf_form(attn, FORMS) and not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
 
 
 def install(attn: nn.Module, wide_layer) -> None:
     """Wraps ``attn``'s forward (once): qualifying decode steps take the fused launch (module docstring)."""
-    if INNER in vars(attn):
-        return
-    setattr(attn, INNER, attn.forward)
-    object.__setattr__(attn, "_wide_fused_layer", wide_layer)
-    attn.forward = types.MethodType(_forward, attn)
+    wrap_forward(attn, INNER, _forward, _wide_fused_layer=wide_layer)
 
 
 def _plain(lin) -> bool:
@@ -96,8 +92,6 @@ def _qualifies(self, hidden: torch.Tensor, kwargs: dict):
 
 
 def _fused_forward(self, hidden: torch.Tensor, layer, kwargs: dict):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from wide import kernels
 
     wl = self._wide_fused_layer

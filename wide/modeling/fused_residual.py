@@ -12,10 +12,10 @@ before. Everything else calls the layer's own forward.
 
 from __future__ import annotations
 
-import types
-
 import torch
 from torch import nn
+
+from wide.modeling.seam import is_hf_form, wrap_forward
 
 INNER = "_wide_layer_inner_forward"
 FORMS = ("LlamaDecoderLayer", "Qwen2DecoderLayer")
@@ -23,18 +23,13 @@ FORMS = ("LlamaDecoderLayer", "Qwen2DecoderLayer")
 
 
 def supported(layer: nn.Module) -> bool:
-    cls = type(layer)
-    return (cls.__module__.startswith("transformers.models.") and cls.__name__ in FORMS
-            and all(hasattr(layer, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")))
+    return is_hf_form(layer, FORMS) and all(
+        hasattr(layer, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))
 
 
 def install(layer: nn.Module, wide_layer) -> None:
     """Wraps the decoder ``layer``'s forward (once): qualifying decode steps fuse the residual adds."""
-    if INNER in vars(layer):
-        return
-    setattr(layer, INNER, layer.forward)
-    object.__setattr__(layer, "_wide_residual_layer", wide_layer)
-    layer.forward = types.MethodType(_forward, layer)
+    wrap_forward(layer, INNER, _forward, _wide_residual_layer=wide_layer)
 
 
 def _forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):

@@ -14,12 +14,12 @@ dtype than the residual, the attention router on its side stream — takes the u
 
 from __future__ import annotations
 
-import types
 from typing import Optional
 
 import torch
 from torch import nn
 
+from wide.modeling.seam import is_hf_form, wrap_forward
 from wide.policies.base import Policy, RouterSlot
 
 _PLAIN_FORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
@@ -29,10 +29,8 @@ INNER = "_wide_inner_forward"
 
 def is_plain_rms_norm(module: nn.Module) -> bool:
     """Whether ``module`` is an HF RMSNorm of the Llama / Qwen form that `wide.kernels.rms_norm_route` computes."""
-    cls = type(module)
     weight = getattr(module, "weight", None)
-    return (cls.__module__.startswith("transformers.models.") and cls.__name__ in _PLAIN_FORMS
-            and isinstance(weight, torch.Tensor) and weight.dim() == 1
+    return (is_hf_form(module, _PLAIN_FORMS) and isinstance(weight, torch.Tensor) and weight.dim() == 1
             and isinstance(getattr(module, "variance_epsilon", None), float))
 
 
@@ -46,11 +44,7 @@ def _forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> t
 def install(norm: nn.Module) -> None:
     """Wraps ``norm``'s forward (once): a result `norm_route` left for its input is returned, else it computes.
     The wrapped forward (the class's, or `fuse_glue`'s compiled one) is kept as ``norm._wide_inner_forward``."""
-    if INNER in vars(norm):
-        return
-    setattr(norm, INNER, norm.forward)
-    norm._wide_norm_out = None
-    norm.forward = types.MethodType(_forward, norm)
+    wrap_forward(norm, INNER, _forward, _wide_norm_out=None)
 
 
 def norm_route(wl, slot: RouterSlot, residual: torch.Tensor, norm: nn.Module) -> Optional[torch.Tensor]:
