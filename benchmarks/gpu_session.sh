@@ -45,7 +45,8 @@
 #                 and 8B shapes, low-rank routers) without / with decode_qkv (and with decode_norm_route on one
 #                 stream), then the 8B decode rows of wide bench for the same variants (no assets)
 #   qkv23b        [detached] issue 23's fused decode: GPU tests, then b1 / b16 profiles of the SmolLM2, Qwen2.5-1.5B and
-#                 8B shapes without (v0) / with decode_qkv (v1) / with decode_qkv and decode_residual (v2)
+#                 8B shapes without (v0) / with decode_qkv (v1) / with decode_qkv and decode_residual (v2), then the
+#                 8B shape's wide bench decode rows (0 / 50 / 75%, b1 / b16, coherent) v2 and v0
 #   qwen23        [detached] issue 23 on the real Qwen2.5-1.5B with the routers in .qwen_routers/ (held-out text): decode
 #                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
 #                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
@@ -482,11 +483,19 @@ _qkv23b)
     > /tmp/res/gpu_tests_qkv.txt 2>&1
   tail -3 /tmp/res/gpu_tests_qkv.txt
   V0=""; V1="--kernel-option decode_qkv=1"; V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"
-  # (batch 16: decode_qkv takes transformers' forward since 52ad751, decode_residual fuses)
-  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for b in 1 16; do for v in 0 1 2; do eval "opt=\$V$v"
+  # (batch 16: decode_qkv takes transformers' forward since 52ad751, so v1 = v0 there; decode_residual fuses)
+  for run in "smollm2-135m 1 0" "smollm2-135m 1 1" "smollm2-135m 1 2" "qwen2.5-1.5b 1 1" "qwen2.5-1.5b 1 2" \
+      "llama-8b 1 1" "llama-8b 1 2" "llama-8b 16 0" "llama-8b 16 2"; do set -- $run; sh=$1; b=$2; v=$3
+    eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch $b --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b${b}_v$v.txt 2>&1; echo "$sh b$b v$v $(tail -1 /tmp/res/profile_${sh}_b${b}_v$v.txt)"
-  done; done; done
+  done
+  echo PROFILES_DONE
+  # the 8B shape's end-to-end decode rows (random masks as BENCHMARKS.md's table), without / with both fusions
+  for v in 2 0; do eval "opt=\$V$v"
+    timeout 300 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --prefill --decode-batch 1 16 $opt \
+      --json /tmp/res/bench_8b_v$v.json > /tmp/res/bench_8b_v$v.md 2>&1; echo "8b v$v"; tail -14 /tmp/res/bench_8b_v$v.md
+  done
   echo QKV23B_DONE
   ;;
 _qwen23)
@@ -494,7 +503,7 @@ _qwen23)
   unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
   ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
   V0=""; V1="--kernel-option decode_qkv=1 ${QWEN23_OPTS:-}"; V2="$V1 --kernel-option decode_residual=1"
-  for v in 1 0 2; do eval "opt=\$V$v"
+  for v in 2 1 0; do eval "opt=\$V$v"
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
       $opt --json /tmp/res/qwen23_v$v.json > /tmp/res/qwen23_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen23_v$v.md
     timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \
