@@ -50,6 +50,10 @@
 #   qwen23        [detached] issue 23 on the real Qwen2.5-1.5B with the routers in .qwen_routers/ (held-out text): decode
 #                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
 #                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
+#   route23       [detached] issue 23's next launch cut (decode_route: o_proj / down_proj also write the next norm and
+#                 router): GPU tests, b1 profiles of the three shapes with v2 (decode_qkv + decode_residual) and v4 (v2
+#                 + decode_route), the 8B decode rows v4, then Qwen2.5-1.5B with the routers in .qwen_routers/ and
+#                 SmolLM2 v4 / v2 (assets: recv 00..25 first; the Qwen rows are skipped without them)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -107,7 +111,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -497,6 +501,31 @@ _qkv23b)
       --json /tmp/res/bench_8b_v$v.json > /tmp/res/bench_8b_v$v.md 2>&1; echo "8b v$v"; tail -14 /tmp/res/bench_8b_v$v.md
   done
   echo QKV23B_DONE
+  ;;
+_route23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_route.py \
+    tests/modeling/test_fused_residual.py tests/modeling/test_fused_attention.py tests/kernels/test_gemm_k_route.py \
+    tests/kernels/test_backend_contract.py -k "fused or route or decode_qkv or gemm_k" > /tmp/res/gpu_tests_route.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_route.txt
+  V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"; V4="$V2 --kernel-option decode_route=1"
+  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for v in 4 2; do eval "opt=\$V$v"
+    timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
+      --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh b1 v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"
+  done; done
+  timeout 300 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --prefill --decode-batch 1 16 $V4 \
+    --json /tmp/res/bench_8b_v4.json > /tmp/res/bench_8b_v4.md 2>&1; echo "8b v4"; tail -14 /tmp/res/bench_8b_v4.md
+  if [ -d /tmp/up ] && [ "$(ls /tmp/up | wc -l)" -ge 27 ]; then
+    unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
+    ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
+    for v in 4 2; do eval "opt=\$V$v"
+      timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
+        $opt --json /tmp/res/qwen_route_v$v.json > /tmp/res/qwen_route_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen_route_v$v.md
+      timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \
+        $opt --json /tmp/res/smol_route_v$v.json > /tmp/res/smol_route_v$v.md 2>&1; echo "smol v$v"; tail -8 /tmp/res/smol_route_v$v.md
+    done
+  fi
+  echo ROUTE23_DONE
   ;;
 _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}

@@ -210,6 +210,46 @@ def _rms_norm_route_cases(dtype, gen):
         yield f"D={D} M={M} up={has_up} bias={has_bias}", call, reference, compare
 
 
+def _gemm_k_route_cases(dtype, gen):
+    ulp = torch.finfo(dtype).eps
+
+    def compare(out, ref, what):  # h and y within tolerance; decisions equal except at near-ties of the margin
+        (h, y, decided), (h0, y0, margin) = out, ref
+        assert h.dtype == dtype and y.dtype == dtype and h.shape == h0.shape and y.shape == y0.shape, what
+        if not h0.numel():  # no rows: the shapes are the whole answer
+            return
+        check(h.float(), h0, dtype, None, what + " h")
+        check(y.float(), y0, dtype, None, what + " y")
+        assert decided.dtype == torch.bool and decided.shape == margin.shape, what
+        clear = margin.abs() >= max(1e-3, 40 * ulp * margin.abs().max().item())
+        assert torch.equal(decided[clear], (margin >= 0)[clear]), what
+
+    shapes = [  # (lead, K, groups, N, router rank or None: linear), N off the tiles
+        ((1,), 64, 4, 40, 8), ((1, 1), 96, 3, 72, None), ((1, 1), 64, 4, 200, 16), ((3,), 64, 4, 40, 8), ((0,), 64, 4,
+                                                                                                        40, 8)]
+    for (lead, K, ng, N, rank), kind in itertools.product(shapes, MASKS):
+        if len(lead) == 1 and lead[0] != 1 and kind not in ("random", "on"):
+            continue
+        mask = _mask((*lead, ng), kind, gen)
+        x = _randn(gen, *lead, K, dtype=dtype)
+        w = _randn(gen, N, K, dtype=dtype, scale=0.2)
+        res = _randn(gen, *lead, N, dtype=dtype)
+        nw = (1.0 + 0.3 * torch.randn(N, generator=gen)).to(DEV, dtype)
+        down = _randn(gen, rank or 9, N, scale=N ** -0.5)
+        up = _randn(gen, 5, rank, scale=0.35) if rank else None
+        bias = _randn(gen, 5 if rank else 9, scale=0.1) if kind != "on" else None
+        r = (down, up, bias)
+
+        def call(be, x=x, w=w, m=mask, res=res, nw=nw, r=r):
+            return wk.gemm_k_route(x, w, m, res, nw, 1e-5, *r, backend=be)
+
+        def reference(x=x, w=w, m=mask, res=res, nw=nw, r=r):
+            h, y, _ = wk.gemm_k_route(x.float(), w.float(), m, res.float(), nw.float(), 1e-5, *r, backend=REFERENCE)
+            return h, y, wk.router_margin(h, *r, decide=False, backend=REFERENCE)
+
+        yield f"{lead} K={K} G={ng} N={N} rank={rank} {kind} bias={bias is not None}", call, reference, compare
+
+
 def _state(g):
     return (torch.zeros(g, device=DEV), torch.zeros(g, dtype=torch.bool, device=DEV),
             torch.zeros((), dtype=torch.int64, device=DEV),
@@ -314,6 +354,7 @@ CASES = {
     "coherent_route": _coherent_route_cases,
     "rms_norm_route": _rms_norm_route_cases,
     "decode_qkv": _decode_qkv_cases,
+    "gemm_k_route": _gemm_k_route_cases,
 }
 
 

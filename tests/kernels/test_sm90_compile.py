@@ -196,7 +196,7 @@ def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False, cfg=None):
     gemm_mn.gemm_mn_perm(x, w, w2, b, out, perm[0], counts[0], group, act_id, swiglu, cfg)
 
 
-def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
+def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None, residual=False, route=False):
     # gemm_k.gemm_k: the dense path for the "premask" variant, else the plan's group list for "list" (or none)
     group = K // ng
     cfg = cfg or for_element_size(gemm_k.default_k_config(M, N, K, group), DT.itemsize)
@@ -207,8 +207,13 @@ def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None):
     glist = nlist = None
     if cfg.variant == "list":
         glist, nlist = partition.group_list(mask)  # RoutingPlan.group_list()
+    rt = None
+    if route:  # gemm_k_route's epilogue (one row): a low-rank router of rank 32 over 16 groups, the next norm
+        f32 = torch.float32
+        rt = (t(32, N, dtype=f32), t(16, 32, dtype=f32), t(16, dtype=f32), True, 1e-6, t(N), 1e-5, t(N),
+              t(16, dtype=torch.bool))
     gemm_k.gemm_k_direct(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist,
-                         group, cfg, x_masked=x_masked)
+                         group, cfg, x_masked=x_masked, residual=t(M, N) if residual or route else None, route=rt)
 
 
 def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
@@ -289,6 +294,11 @@ case("gemm_k", "gemm_k plan list down_proj M=16 swap", gk, 16, H, I, I // 128, x
      cfg=GemmConfig(16, 64, 128, 4, 4, split_k=8, variant="list", swap=True))
 case("gemm_k", "gemm_k affine o_proj M=16 swap bias", gk, 16, H, H, HQ // 4, bias=True,
      cfg=GemmConfig(16, 128, 128, 4, 4, split_k=1, swap=True))
+# a decode step's residual add in the epilogue (decode_residual), and with the next norm and router (decode_route)
+case("gemm_k", "gemm_k o_proj M=16 residual", gk, 16, H, H, HQ // 4, residual=True)
+case("gemm_k", "gemm_k down_proj M=1 residual + route", gk, 1, H, I, I // 128, x_masked=True, route=True)
+case("gemm_k", "gemm_k o_proj M=1 residual + route, no split", gk, 1, H, H, HQ // 4, route=True,
+     cfg=GemmConfig(1, 32, 128, 8, 4, split_k=1))
 for M in (1, 16):  # near-dense decode: no group list (gemm_k.affine_k_config)
     case("gemm_k", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm_k.affine_k_config(M, H, I, 128))
@@ -392,7 +402,9 @@ PATHS = {
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
         "swapped list": lambda c: c["SWAP"] and c["USE_LIST"], "swapped affine": lambda c: c["SWAP"] and not c["USE_LIST"],
-        "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"]},
+        "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"],
+        "residual": lambda c: c["HAS_RES"] and not c["ROUTE"],
+        "route split-K": lambda c: c["ROUTE"] and c["SPLIT"] > 1, "route no split": lambda c: c["ROUTE"] and c["SPLIT"] == 1},
     "gemm_k._gemm_k_sorted_kernel": {"x masked": lambda c: c["X_MASKED"], "mask loads": lambda c: not c["X_MASKED"],
                                    "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"]},
     "gemm_k._mask_columns_kernel": {"any": lambda c: True},

@@ -190,5 +190,20 @@ def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, l
     tokens_off = wide.generate(model, ids, max_new_tokens=8)
     with use_kernel_options(decode_qkv=True):
         tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
-    # the first decode step's tokens (later ones follow each side's own, possibly near-tied, argmax)
-    assert tokens_on.shape == tokens_off.shape and torch.equal(tokens_on[:, :11], tokens_off[:, :11])
+    assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)
+
+
+def assert_same_greedy(model, tokens_on, tokens_off, upto: int, tol: float = 3e-2) -> None:
+    """The greedy tokens agree up to ``upto``, except where the unfused side's own choice was a near-tie: at the
+    first difference, its logits (a forward over its prefix) rate the two tokens within ``tol`` (bf16 noise of a
+    random tiny model's logits, the tolerance of the logits checks; each side's later tokens follow its own)."""
+    assert tokens_on.shape == tokens_off.shape
+    for row in range(tokens_on.shape[0]):
+        diff = (tokens_on[row, :upto] != tokens_off[row, :upto]).nonzero()
+        if len(diff):
+            i = int(diff[0])
+            with torch.no_grad():
+                logits = model(tokens_off[row:row + 1, :i]).logits[0, -1].float()
+            gap = (logits[tokens_off[row, i]] - logits[tokens_on[row, i]]).abs().item()
+            assert gap < tol, f"row {row}: token {i} differs ({int(tokens_on[row, i])} vs {int(tokens_off[row, i])})"\
+                f" where the unfused logits differ by {gap:.3f}"

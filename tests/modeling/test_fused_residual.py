@@ -9,7 +9,8 @@ import torch
 import wide
 import wide.kernels
 from tests.conftest import tiny_model
-from tests.modeling.test_fused_attention import GPU_LAYOUTS, _static_steps, gpu_routed, run_interpreted
+from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
+                                                 run_interpreted)
 from wide.kernels import use_kernel_options
 from wide.modeling import fused_residual
 from wide.modeling.inference import enable_kernels
@@ -97,9 +98,10 @@ def test_triton_interpreter_matches_the_unfused_adds():
 def test_gpu_bf16_residual_in_the_epilogue_gives_the_unfused_logits(arch, layout, batch):
     model, ids, feed = gpu_routed(arch, layout, batch, seed=6)
     off = _static_steps(model, ids, 4, feed)
-    with use_kernel_options(decode_residual=True, decode_qkv=True):
+    with use_kernel_options(decode_residual=True):
         on = _static_steps(model, ids, 4, feed)
         tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue adds captured
-    torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
+    # the epilogue adds to the rounded projection: the separate add's bits, so every router decides alike
+    torch.testing.assert_close(on[0], off[0], rtol=1e-2, atol=1e-2)
     tokens_off = wide.generate(model, ids, max_new_tokens=8)
-    assert torch.equal(tokens_on[:, :11], tokens_off[:, :11])
+    assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)

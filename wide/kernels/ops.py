@@ -116,7 +116,7 @@ def gemm_k(x, weight, mask, *, bias=None, plan: RoutingPlan | None = None, backe
             `swiglu` under the same mask, e.g. the down projection after gate/up); fast backends may
             then skip applying the mask. Results are the same either way when the promise holds.
         residual: ``[..., N]`` added to the result (a decoder layer's residual stream): backends that take it
-            (``takes_residual``) add it in fp32 before rounding, for the others it is added after.
+            (``takes_residual``) add it to the rounded result in their epilogue (the same bits), the others after.
 
     Returns:
         ``[..., N]``.
@@ -314,6 +314,45 @@ def _check_router(what: str, x, down, up, bias) -> int:
     if bias is not None and tuple(bias.shape) != (g,):
         raise ValueError(f"{what}: bias {tuple(bias.shape)} must be [{g}]")
     return g
+
+
+@torch.compiler.disable
+def gemm_k_route(x, weight, mask, residual, norm_weight, norm_eps: float, down, up=None, bias=None, *,
+                 normalize: bool = True, eps: float = 1e-6, plan: RoutingPlan | None = None, backend: str = "auto",
+                 x_masked: bool = False):
+    """A decode sub-layer's closing projection, its residual add, and the next norm with its router, in one launch
+    on the triton backend (one row): ``h = residual + gemm_k(x, weight, mask)`` is the new residual stream, and
+    ``rms_norm_route(h, norm_weight, norm_eps, down, up, bias)`` what the next routed sub-layer reads (its norm's
+    output and its router's decisions). The kernel's tiles each add their columns' share of the router's first GEMV
+    and of the sum of squares as they write ``h``; the last tile finishes the norm and the decisions.
+
+    Args:
+        x, weight, mask, plan, x_masked: as in `gemm_k` (no bias: a decoder's ``o_proj`` / ``down_proj``).
+        residual: ``[..., N]`` in ``x``'s dtype, the residual stream the projection adds to.
+        norm_weight, norm_eps, down, up, bias, normalize, eps: the next norm and router, as in `rms_norm_route`
+            (over ``h``, so ``down`` is ``[R, N]``).
+        backend: as in `gemm_mn`. The triton kernel takes one row; other calls (and other backends) run `gemm_k`
+            with the residual, then `rms_norm_route`.
+
+    Returns:
+        ``(h [..., N], y [..., N] in x.dtype, decisions [..., G] bool)``.
+    """
+    _leading(x, mask, "gemm_k_route")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"gemm_k_route: weight {tuple(weight.shape)} must be [N, {x.shape[-1]}]")
+    _divides(x.shape[-1], mask.shape[-1], "gemm_k_route")
+    n = weight.shape[0]
+    if tuple(residual.shape) != (*x.shape[:-1], n) or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"gemm_k_route: residual {tuple(residual.shape)} {residual.dtype} must be "
+                         f"[{', '.join(map(str, (*x.shape[:-1], n)))}] {x.dtype} on {x.device}")
+    _check_router("gemm_k_route", residual, down, up, bias)
+    if tuple(norm_weight.shape) != (n,):
+        raise ValueError(f"gemm_k_route: norm_weight {tuple(norm_weight.shape)} must be [{n}]")
+    call = dict(x=x, weight=weight, mask=mask, residual=residual, norm_weight=norm_weight, down=down, up=up,
+                bias=bias, plan=plan)
+    return dispatch.choose("gemm_k_route", backend, call, x.device).gemm_k_route(
+        x, weight, mask, residual, norm_weight, norm_eps, down, up, bias, normalize=normalize, eps=eps, plan=plan,
+        x_masked=x_masked)
 
 
 @torch.compiler.disable

@@ -50,6 +50,12 @@ class KernelOptions:
     routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). Off
     until measured on the H200."""
 
+    decode_route: bool = False
+    """With `decode_residual`, a batch-1 decode step's ``o_proj`` / ``down_proj`` launch also writes the next
+    RMSNorm's output and the next router's decisions (`wide.kernels.gemm_k_route`): this layer's FFN, and the next
+    layer's attention, then need no norm or router launch of their own, and the next layer's q projection knows its
+    mask before it starts (`wide.modeling.fused_residual`). Off until measured on the H200."""
+
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
         base = KernelOptions()

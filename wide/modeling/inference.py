@@ -88,9 +88,8 @@ class RoutedLinear(_LinearView):
         # o_proj after this layer's routed attention: its input is already zero in the skipped heads, so the
         # GEMM needs no masking pass (a launch and a read + write of x per prefill layer)
         zeroed = self.kind == "attn" and wl.take_heads_zeroed()
-        residual = wl.pending_residual.pop(self.kind, None)  # `wide.modeling.fused_residual`: the add in the epilogue
-        return kernels.gemm_k(x, self.weight, mask, bias=self.bias, plan=plan, backend=wl.backend, x_masked=zeroed,
-                              residual=residual)
+        # `wide.modeling.fused_residual`: a decode step's residual add (and the next norm and router) in the epilogue
+        return fused_residual.closing_gemm(wl, self.kind, x, self.weight, mask, plan, zeroed, self.bias)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kind={self.kind}, mode={self.mode}"
@@ -148,8 +147,7 @@ class RoutedMLP(nn.Module):
             h = kernels.swiglu(x, gate.weight, up.weight, mask, plan=plan, backend=wl.backend)
             # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again; a decode step's residual
             # (`wide.modeling.fused_residual`) is added in its epilogue
-            return kernels.gemm_k(h, down.weight, mask, plan=plan, backend=wl.backend, x_masked=True,
-                                  residual=wl.pending_residual.pop("ffn", None))
+            return fused_residual.closing_gemm(wl, "ffn", h, down.weight, mask, plan, True)
         return down(act(gate(x)) * up(x))
 
 
@@ -214,6 +212,7 @@ def enable_kernels(model: nn.Module, backend: Optional[str] = None) -> nn.Module
         if "ffn" in wl.gating and not isinstance(mlp, RoutedMLP):
             parent, _, attr = arch.mlp.rpartition(".")
             setattr(get_path(layer, parent) if parent else layer, attr, RoutedMLP(mlp, wl, arch))
+    fused_residual.link([(layer, get_path(layer, arch.attn_norm), wl) for layer, wl, arch in _routed_layers(model)])
     return model
 
 

@@ -50,6 +50,11 @@ class WideLayer(nn.Module):
         # per gated sub-layer: the residual stream its closing reduction-width GEMM may add in its epilogue, left by
         # a decode step's decoder-layer wrapper (`wide.modeling.fused_residual`); taking it removes it
         self.pending_residual: dict[str, torch.Tensor] = {}
+        # per sub-layer read: (the residual stream, the mask) a fused epilogue decided for it
+        # (`wide.kernels.gemm_k_route`, `wide.modeling.fused_residual`); taken by the routing hook of that tensor
+        self.prerouted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # per gated sub-layer: (norm, routed layer, sub-layer) whose norm and router its closing GEMM may run too
+        self.pending_route: dict[str, tuple] = {}
 
     def decides_at(self, sublayer: str) -> bool:
         """Whether some router of this layer reads the input of ``sublayer`` (``attn`` or ``ffn``)."""
@@ -166,7 +171,7 @@ class WideLayer(nn.Module):
         if not slots:
             return
         side = self._overlap_stream(residual)
-        if side is None:
+        if side is None or self._preroute("attn", residual) is not None:
             self._route(slots, residual, norm)
             return
         # the router reads the residual after the work queued so far; the masks, plans and kernels that read its
@@ -182,9 +187,18 @@ class WideLayer(nn.Module):
         if self.runtime.routing:  # routing off (`WideRuntime.routing_off`): no masks, every group executes
             self._route(self._reads["ffn"], residual, norm)
 
+    def _preroute(self, sublayer: str, residual: torch.Tensor) -> Optional[torch.Tensor]:
+        """The mask a fused epilogue decided for ``residual`` (the input of ``sublayer``), if it did."""
+        pre = self.prerouted.get(sublayer)
+        return pre[1] if pre is not None and pre[0] is residual else None
+
     def _route(self, slots: list[RouterSlot], residual: torch.Tensor, norm: Optional[nn.Module] = None) -> None:
+        pre = self._preroute(slots[0].reads, residual) if slots else None
+        self.prerouted.clear()
         for i, slot in enumerate(slots):
-            mask = norm_route(self, slot, residual, norm) if norm is not None and i == 0 else None
+            mask = pre if i == 0 else None
+            if mask is None and norm is not None and i == 0:
+                mask = norm_route(self, slot, residual, norm)
             if mask is None:
                 mask = self._decide(slot.kind, residual)
             for sub in slot.gates:

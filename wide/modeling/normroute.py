@@ -47,14 +47,12 @@ def install(norm: nn.Module) -> None:
     wrap_forward(norm, INNER, _forward, _wide_norm_out=None)
 
 
-def norm_route(wl, slot: RouterSlot, residual: torch.Tensor, norm: nn.Module) -> Optional[torch.Tensor]:
-    """The mask ``[B, 1, G]`` of ``slot`` for this decode step from one `rms_norm_route` launch, whose norm output
-    is left for ``norm``'s forward; ``None`` (nothing run) when the call does not qualify (module docstring)."""
-    from wide.kernels import kernel_options, rms_norm_route
-
-    if not (kernel_options().decode_norm_route and INNER in vars(norm) and wl.use_kernels()):
+def route_weights(wl, slot: RouterSlot, residual: torch.Tensor, norm: nn.Module, rows: int = 64):
+    """``(norm weight, norm eps, down, up, bias, normalize)`` when a decode step's norm and router over ``residual``
+    (``[B, 1, D]``, ``B <= rows``) may run fused in one launch, else ``None`` (module docstring)."""
+    if INNER not in vars(norm) or not wl.use_kernels():
         return None
-    if residual.dim() != 3 or residual.shape[1] != 1 or not 0 < residual.shape[0] <= 64:
+    if residual.dim() != 3 or residual.shape[1] != 1 or not 0 < residual.shape[0] <= rows:
         return None
     if wl.forced or wl.runtime.coherent is not None or torch.compiler.is_compiling():
         return None
@@ -66,7 +64,26 @@ def norm_route(wl, slot: RouterSlot, residual: torch.Tensor, norm: nn.Module) ->
     if weights is None or weight.dtype != residual.dtype or weight.device != residual.device:
         return None
     down, up, bias, normalize = weights
-    y, mask = rms_norm_route(residual, weight, norm.variance_epsilon, down, up, bias, normalize=normalize,
-                             backend=wl.backend)
+    return weight, norm.variance_epsilon, down, up, bias, normalize
+
+
+def hand_over(norm: nn.Module, residual: torch.Tensor, y: torch.Tensor) -> None:
+    """Leaves the norm's output ``y`` for ``residual`` (computed in another launch): its next forward of that tensor
+    returns it."""
     norm._wide_norm_out = (residual, y)
+
+
+def norm_route(wl, slot: RouterSlot, residual: torch.Tensor, norm: nn.Module) -> Optional[torch.Tensor]:
+    """The mask ``[B, 1, G]`` of ``slot`` for this decode step from one `rms_norm_route` launch, whose norm output
+    is left for ``norm``'s forward; ``None`` (nothing run) when the call does not qualify (module docstring)."""
+    from wide.kernels import kernel_options, rms_norm_route
+
+    if not kernel_options().decode_norm_route:
+        return None
+    args = route_weights(wl, slot, residual, norm)
+    if args is None:
+        return None
+    weight, eps, down, up, bias, normalize = args
+    y, mask = rms_norm_route(residual, weight, eps, down, up, bias, normalize=normalize, backend=wl.backend)
+    hand_over(norm, residual, y)
     return mask

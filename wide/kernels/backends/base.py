@@ -15,7 +15,8 @@ from typing import ClassVar
 from wide.registry import Registry, suggest
 
 OPS: tuple[str, ...] = ("gemm_mn", "swiglu", "gemm_k", "ffn_experts", "attention_prefill", "attention_decode",
-                        "router_margin", "coherent_select", "coherent_route", "rms_norm_route", "decode_qkv")
+                        "router_margin", "coherent_select", "coherent_route", "rms_norm_route", "decode_qkv",
+                        "gemm_k_route")
 AUTO = "auto"
 REFERENCE = "torch"
 """The reference backend: runs every op (autograd, float masks); every rejected call falls back to it."""

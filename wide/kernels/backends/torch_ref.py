@@ -132,6 +132,12 @@ class TorchBackend(KernelBackend):
         return hf_rms_norm(x, norm_weight, norm_eps), self.router_margin(x, down, up, bias, normalize=normalize,
                                                                          eps=eps)
 
+    def gemm_k_route(self, x, weight, mask, residual, norm_weight, norm_eps, down, up, bias, *, normalize=True,
+                     eps=1e-6, plan=None, x_masked=False):
+        h = self.gemm_k(x, weight, mask, plan=plan).add_(residual)
+        y, decisions = self.rms_norm_route(h, norm_weight, norm_eps, down, up, bias, normalize=normalize, eps=eps)
+        return h, y, decisions
+
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
                         groups=None):
         ema.lerp_(torch.sigmoid(margin.float()).mean(dim=0), 1.0 - memory)

@@ -234,6 +234,18 @@ class TritonBackend(KernelBackend):
             ok, why = False, "the norm weight needs a contiguous last dimension"
         return ok, why
 
+    def verify_gemm_k_route(self, x, weight, mask, residual, norm_weight, down, up=None, bias=None, plan=None, **_):
+        ok, why = self.verify_gemm_k(x, weight, mask)
+        if ok:
+            ok, why = self.verify_rms_norm_route(residual, norm_weight, down, up, bias)
+        if ok and x.numel() != x.shape[-1]:
+            ok, why = False, f"{x.numel() // max(x.shape[-1], 1)} rows (the fused epilogue takes one)"
+        if ok and (residual.stride(-1) != 1 or not weight.is_contiguous()):
+            ok, why = False, "the residual and weight need contiguous rows"
+        if ok and down.shape[0] > 128:
+            ok, why = False, f"router rank {down.shape[0]} > 128"
+        return ok, why
+
     # ---- ops: the op families' host functions ----------------------------------------------
 
     def gemm_mn(self, x, weight, mask, *, bias=None, activation=None, plan=None, out=None, config=None):
@@ -250,6 +262,13 @@ class TritonBackend(KernelBackend):
         from ..triton import gemm_k as host
 
         return host.gemm_k(x, weight, mask, bias, plan, out, x_masked, config, residual=residual)
+
+    def gemm_k_route(self, x, weight, mask, residual, norm_weight, norm_eps, down, up, bias, *, normalize=True,
+                     eps=1e-6, plan=None, x_masked=False, config=None):
+        from ..triton import gemm_k as host
+
+        return host.gemm_k_route(x, weight, mask, residual, norm_weight, norm_eps, down, up, bias, normalize, eps,
+                                 plan, x_masked, config)
 
     def ffn_experts(self, x, gate_weight, up_weight, down_weight, mask, *, plan=None, out=None, path=None, gmm=None,
                     partial_dtype=None):

@@ -113,8 +113,8 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
         config: an explicit config (its variant is the path); ``None``: `default_k_config`, then the sorted or
             affine variant where the plan says so.
         options: the A/B switches of the default configs (``None``: the current `kernel_options`).
-        residual: ``[..., N]`` added to the result (the direct path in its epilogue, in fp32 before the one
-            rounding; the large-M paths after).
+        residual: ``[..., N]`` added to the result (the direct path in its epilogue, to the rounded projection:
+            the bits of a separate add; the large-M paths after).
     """
     K = x.shape[-1]
     N = weight.shape[0]
@@ -135,14 +135,8 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
         if sorted_cfg is not None and plan.expected_density() <= K_SORTED_MAX_SHARE and \
                 plan.tile_share(sorted_cfg.block_m) <= K_SORTED_MAX_SHARE:
             cfg = sorted_cfg
-    if config is None and cfg.variant in ("list", "local") and plan.density_hint is not None and \
-            not plan.built("groups"):
-        # the share of groups some row of the call needs: the rate itself when the rows share one mask
-        # (batch-coherent decode), else that of independent rows (at 50%, 16 rows need ~all groups)
-        need = plan.density_hint if plan.rows_shared else 1.0 - (1.0 - plan.density_hint) ** M
-        if need >= K_LIST_MAX_HINT:
-            # (nearly) every group: a list would skip nothing (and the plan's costs a launch)
-            cfg = for_element_size(affine_k_config(M, N, K, K // ng, options), x.element_size())
+    if config is None:
+        cfg = _listless(cfg, plan, M, N, K, ng, options, x.element_size())
     mask2 = mask.reshape(-1, ng).view(torch.uint8)
     if cfg.variant == "sorted":
         rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
@@ -163,6 +157,50 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
     return out
 
 
+def _listless(cfg: GemmConfig, plan: RoutingPlan, M: int, N: int, K: int, ng: int, options, element_size: int):
+    """``cfg``, or the affine decode config where a group list would skip (nearly) nothing."""
+    if cfg.variant in ("list", "local") and plan.density_hint is not None and not plan.built("groups"):
+        # the share of groups some row of the call needs: the rate itself when the rows share one mask
+        # (batch-coherent decode), else that of independent rows (at 50%, 16 rows need ~all groups)
+        need = plan.density_hint if plan.rows_shared else 1.0 - (1.0 - plan.density_hint) ** M
+        if need >= K_LIST_MAX_HINT:
+            # (nearly) every group: a list would skip nothing (and the plan's costs a launch)
+            return for_element_size(affine_k_config(M, N, K, K // ng, options), element_size)
+    return cfg
+
+
+def gemm_k_route(x, weight, mask, residual, norm_weight, norm_eps: float, down, up, bias, normalize: bool,
+                 eps: float, plan: RoutingPlan | None = None, x_masked: bool = False,
+                 config: GemmConfig | None = None):
+    """One decode row: ``h = residual + (x * mask expanded) @ weight^T``, then the HF RMSNorm of ``h`` and the
+    router's decisions on ``h`` (`rms_norm_route`), all in one `_gemm_k_kernel` launch (its ``ROUTE`` epilogue);
+    see `wide.kernels.gemm_k_route`. Returns ``(h, y, decisions)``."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    ng = mask.shape[-1]
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] != 1:
+        raise ValueError(f"gemm_k_route (triton): one row per launch, got {x2.shape[0]}")
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    G = up.shape[0] if up is not None else down.shape[0]
+    h = torch.empty(*x.shape[:-1], N, device=x.device, dtype=x.dtype)
+    y = torch.empty_like(h)
+    dec = torch.empty(*x.shape[:-1], G, device=x.device, dtype=torch.bool)
+    plan = plan_for(mask, plan)
+    cfg = config
+    if cfg is None:
+        cfg = _listless(for_element_size(default_k_config(1, N, K, K // ng), x.element_size()), plan, 1, N, K, ng,
+                        None, x.element_size())
+    glist = nlist = None
+    if cfg.variant == "list":
+        glist, nlist = plan.group_list()
+    gemm_k_direct(x2, weight, None, h.view(1, N), mask.reshape(1, ng).view(torch.uint8), glist, nlist, K // ng, cfg,
+                  x_masked=x_masked, residual=residual.reshape(1, N),
+                  route=(down, up, bias, normalize, eps, norm_weight, norm_eps, y.view(N), dec.view(G)))
+    return h, y, dec
+
+
 def _split_k_buffers(x, out, cfg: GemmConfig, workspace, unused):
     """(split, output tiles, fp32 workspace, arrival counters) of a gemm_k launch; without split-K the
     workspace and counter arguments are never read, so ``out`` and ``unused`` stand in for them."""
@@ -178,7 +216,7 @@ def _split_k_buffers(x, out, cfg: GemmConfig, workspace, unused):
 
 def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: GemmConfig,
                   workspace: torch.Tensor | None = None, x_masked: bool = False,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, route: tuple | None = None) -> torch.Tensor:
     """Routed reduction-width GEMM over token tiles in natural order: ``out = (x * mask expanded) @ weight^T
     (+ bias)``.
 
@@ -190,6 +228,8 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
             and takes ``None`` for both).
         x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
         residual: ``[M, N]`` or ``None``, added in the epilogue (fp32, before the output's rounding).
+        route: `gemm_k_route`'s ``(down, up, bias, normalize, eps, norm_weight, norm_eps, y [N], decisions [G])``
+            (one row): the written row's norm and router decisions in the same launch.
     """
     M, K = x.shape
     N = weight.shape[0]
@@ -214,6 +254,7 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
     elif cfg.variant != "list":  # never read
         glist = nlist = mask
     res = residual if residual is not None else out  # never read without HAS_RES
+    rargs = _route_args(route, out, N, cfg.block_n, mask)
     _gemm_k_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist, res,
         M, N, K, ng,
@@ -222,9 +263,35 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
         GROUP=group, HAS_BIAS=bias is not None, HAS_RES=residual is not None, SPLIT=split, USE_LIST=listed,
         LOCAL_LIST=cfg.variant == "local", BLOCK_G=block_g,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWAP=cfg.swap,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **rargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, unused: torch.Tensor) -> dict:
+    """The ``ROUTE`` epilogue's arguments of `_gemm_k_kernel` (pointers stand in where it is off: never read)."""
+    names = ("rdown_ptr", "rup_ptr", "rbias_ptr", "gamma_ptr", "ynorm_ptr", "dec_ptr", "rpart_ptr", "rcnt_ptr", "R",
+             "RG", "sdr", "sug", "reps", "neps")
+    if route is None:  # (every constexpr given: the sm_90 compile test binds the launch's arguments as passed)
+        return dict(zip(names, (out, out, out, out, out, out, out, unused, 0, 0, 0, 0, 0.0, 0.0)), ROUTE=False,
+                    R_NORMALIZE=True, R_HAS_UP=False, R_HAS_BIAS=False, BLOCK_R=16, BLOCK_RG=16, BLOCK_T=16,
+                    BLOCK_D=16)
+    down, up, bias, normalize, eps, gamma, norm_eps, y, dec = route
+    if out.shape[0] != 1:
+        raise ValueError(f"gemm_k route epilogue: one row, got {out.shape[0]}")
+    R = down.shape[0]
+    G = dec.shape[0]
+    block_r = max(16, triton.next_power_of_2(R))
+    tiles = triton.cdiv(N, block_n)
+    parts = torch.empty(tiles * (block_r + 1), device=out.device, dtype=torch.float32)
+    args = dict(zip(names, (down, up if up is not None else down, bias if bias is not None else down, gamma, y,
+                            dec.view(torch.uint8), parts, arrival_counters(out.device, 1, owner="gemm_k_route"), R,
+                            G, down.stride(0), up.stride(0) if up is not None else 0, float(eps), float(norm_eps))))
+    args.update(ROUTE=True, R_NORMALIZE=bool(normalize), R_HAS_UP=up is not None, R_HAS_BIAS=bias is not None,
+                BLOCK_R=block_r, BLOCK_RG=max(16, min(triton.next_power_of_2(G), 4096 // block_r)),
+                BLOCK_T=max(2, min(triton.next_power_of_2(tiles), 4096 // block_r)),
+                BLOCK_D=max(16, min(triton.next_power_of_2(N), 1024)))
+    return args
 
 
 def gemm_k_dense(x, weight, bias, out, mask, group: int, x_masked: bool = False) -> torch.Tensor:

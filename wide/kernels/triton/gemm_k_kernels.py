@@ -2,7 +2,8 @@
 `wide.kernels.triton.gemm_k`.
 
 - ``_gemm_k_kernel``: grid over (N tile, token tile, K split); optionally adds a residual stream in its epilogue
-  (a decode step's ``o_proj`` / ``down_proj`` with the layer's residual add). Its K loop is either affine over all
+  (a decode step's ``o_proj`` / ``down_proj`` with the layer's residual add), and (``ROUTE``, one row) the next
+  RMSNorm and router over the written row (`gemm_k_route`). Its K loop is either affine over all
   chunks, with loads of groups no token in the tile runs masked off (no bytes move), or runs over the
   plan's compacted list of needed groups (the GEMV default: no loop trips on skipped groups). x rows of
   tokens that skip a group are never loaded. Split-K partials go to an fp32 workspace; the tile's last
@@ -29,13 +30,16 @@ def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, 
                    res_ptrs, HAS_RES: tl.constexpr):
     """Writes a gemm_k tile: directly, or (split-K) its partial to the fp32 workspace ``ws_tile`` (the tile's
     rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes.
-    ``HAS_RES``: the tile of ``res_ptrs`` (a residual stream) is added in fp32 before the one rounding."""
+    ``HAS_RES``: the tile of ``res_ptrs`` (a residual stream) is added to the rounded projection, as a separate add
+    would (a router downstream reads the sum: the same bits keep its decisions). Returns (the tile as written, in fp32 after its rounding; whether this program wrote it)."""
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
-        if HAS_RES:
-            acc += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
+        if HAS_RES:  # the projection rounded first, then the add: the separate add's bits
+            acc = acc.to(out_ptrs.dtype.element_ty).to(tl.float32) + tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=ok)
+        val = acc
+        wrote = pid >= 0
     else:
         tl.store(ws_tile + pid_s * M * N, acc, mask=ok)
         # the atomic releases this program's partial and acquires the others'; the last program resets the
@@ -43,16 +47,76 @@ def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, 
         # before the one thread's releasing atomic (a release covers only what that thread has seen)
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")
+        tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if done == SPLIT - 1:
-            tot = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in tl.static_range(SPLIT):  # fixed order: deterministic
                 tot += tl.load(ws_tile + s * M * N, mask=ok, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 tot += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
             if HAS_RES:
-                tot += tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
+                tot = tot.to(out_ptrs.dtype.element_ty).to(tl.float32) + tl.load(res_ptrs, mask=ok,
+                                                                                   other=0.0).to(tl.float32)
             tl.store(out_ptrs, tot.to(out_ptrs.dtype.element_ty), mask=ok)
             tl.store(cnt_ptr + pid, 0)
+        val = tot
+        wrote = done == SPLIT - 1
+    return val.to(out_ptrs.dtype.element_ty).to(tl.float32), wrote
+
+
+@triton.jit
+def _route_row(y, rn, nvalid, tile_n, NT, N, row_ptr, down_ptr, sdr, up_ptr, sug, rbias_ptr, gamma_ptr, ynorm_ptr,
+               dec_ptr, part_ptr, rcnt_ptr, R, RG, eps, norm_eps,
+               NORMALIZE: tl.constexpr, HAS_UP: tl.constexpr, HAS_RBIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_RG: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`gemm_k_route`'s epilogue for one output row (a batch-1 decode step): ``y [1, BLOCK_N]`` is this tile's
+    share of the new residual stream (fp32, as stored). Each tile adds its columns' share of the router's first
+    GEMV and of the sum of squares to a partial; the row's last tile to arrive (one counter) sums them in tile
+    order (deterministic), writes the next layer norm's output (HF RMSNorm, reading the row back) and the router's
+    decisions, as `rms_norm_route` does from the stored row."""
+    r = tl.arange(0, BLOCK_R)
+    rin = r < R
+    yv = tl.where(nvalid[None, :], y, 0.0)
+    w = tl.load(down_ptr + r[:, None] * sdr + rn[None, :], mask=rin[:, None] & nvalid[None, :], other=0.0)
+    h = tl.sum(w.to(tl.float32) * yv, axis=1)
+    sq = tl.sum(tl.sum(yv * yv, axis=1), axis=0)
+    base = part_ptr + tile_n * (BLOCK_R + 1)
+    tl.store(base + r, h)
+    tl.store(base + BLOCK_R, sq)
+    tl.debug_barrier()  # every thread's stores (the row's tile too) before the one thread's releasing atomic
+    done = tl.atomic_add(rcnt_ptr, 1, sem="acq_rel")
+    if done == NT - 1:
+        hs = tl.zeros([BLOCK_R], dtype=tl.float32)
+        ss = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for t0 in range(0, NT, BLOCK_T):  # tiles in fixed order: deterministic
+            t = t0 + tl.arange(0, BLOCK_T)
+            tin = t < NT
+            hs += tl.sum(tl.load(part_ptr + t[:, None] * (BLOCK_R + 1) + r[None, :], mask=tin[:, None], other=0.0,
+                                 cache_modifier=".cg"), axis=0)
+            ss += tl.load(part_ptr + t * (BLOCK_R + 1) + BLOCK_R, mask=tin, other=0.0, cache_modifier=".cg")
+        sq_all = tl.sum(ss, axis=0)
+        tl.store(rcnt_ptr, 0)  # reset for the next launch (graph replays included)
+        # HF Llama / Qwen RMSNorm of the stored row: weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)
+        inv = tl.rsqrt(sq_all / N + norm_eps)
+        for d0 in range(0, N, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            din = d < N
+            xv = tl.load(row_ptr + d, mask=din, other=0.0, cache_modifier=".cg").to(tl.float32)
+            gv = tl.load(gamma_ptr + d, mask=din, other=0.0).to(tl.float32)
+            yn = gv * (xv * inv).to(ynorm_ptr.dtype.element_ty).to(tl.float32)
+            tl.store(ynorm_ptr + d, yn.to(ynorm_ptr.dtype.element_ty), mask=din)
+        if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
+            hs = hs * tl.rsqrt(sq_all / N + eps)
+        for g0 in range(0, RG, BLOCK_RG):
+            g = g0 + tl.arange(0, BLOCK_RG)
+            gin = g < RG
+            if HAS_UP:
+                u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+                m = tl.sum(u.to(tl.float32) * hs[None, :], axis=1)
+            else:  # the first stage already has the groups' outputs (R == G)
+                m = tl.sum(tl.where(g[:, None] == r[None, :], hs[None, :], 0.0), axis=1)
+            if HAS_RBIAS:
+                m += tl.load(rbias_ptr + g, mask=gin, other=0.0).to(tl.float32)
+            tl.store(dec_ptr + g, (m >= 0).to(tl.uint8), mask=gin)
 
 
 @triton.jit
@@ -64,6 +128,11 @@ def _gemm_k_kernel(
     LOCAL_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWAP: tl.constexpr,
+    # `gemm_k_route` (ROUTE, one row): the router, the next norm's weight and outputs, partials and counter
+    rdown_ptr, rup_ptr, rbias_ptr, gamma_ptr, ynorm_ptr, dec_ptr, rpart_ptr, rcnt_ptr, R, RG, sdr, sug, reps, neps,
+    ROUTE: tl.constexpr = False, R_NORMALIZE: tl.constexpr = True, R_HAS_UP: tl.constexpr = False,
+    R_HAS_BIAS: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, BLOCK_RG: tl.constexpr = 16,
+    BLOCK_T: tl.constexpr = 16, BLOCK_D: tl.constexpr = 16,
 ):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -159,10 +228,15 @@ def _gemm_k_kernel(
     elif SWAP:
         acc = tl.trans(acc_t)
 
-    _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
-                   ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn, nvalid,
-                   cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N,
-                   r_ptr + rm64[:, None] * stride_rm + rn[None, :] * stride_rn, HAS_RES)
+    y, wrote = _finish_k_tile(acc, out_ptr + rm64[:, None] * stride_om + rn[None, :] * stride_on,
+                              ws_ptr + rm64[:, None] * N + rn[None, :], mvalid[:, None] & nvalid[None, :], b_ptr, rn,
+                              nvalid, cnt_ptr, pid, pid_s, M, N, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N,
+                              r_ptr + rm64[:, None] * stride_rm + rn[None, :] * stride_rn, HAS_RES)
+    if ROUTE:  # (one row: the tile's writer adds its share of the next norm and router)
+        if wrote:
+            _route_row(y, rn, nvalid, pid_n, tl.cdiv(N, BLOCK_N), N, out_ptr, rdown_ptr, sdr, rup_ptr, sug, rbias_ptr,
+                       gamma_ptr, ynorm_ptr, dec_ptr, rpart_ptr, rcnt_ptr, R, RG, reps, neps, R_NORMALIZE, R_HAS_UP,
+                       R_HAS_BIAS, BLOCK_R, BLOCK_RG, BLOCK_T, BLOCK_D)
 
 
 @triton.jit

@@ -1,0 +1,122 @@
+"""`KernelOptions.decode_route`: at a batch-1 decode step the routed ``o_proj`` / ``down_proj`` launch also writes the
+next RMSNorm's output and the next router's decisions (`wide.kernels.gemm_k_route`, `wide.modeling.fused_residual`);
+logits, caches and tokens are those of the unfused layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import wide
+import wide.kernels
+from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
+                                                 run_interpreted)
+from tests.modeling.test_fused_residual import _routed
+from wide.kernels import use_kernel_options
+from wide.modeling.layer import WideLayer
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Calls of `gemm_k_route` and of the routers' own decisions (`WideLayer._decide`)."""
+    seen = {"route": 0, "decide": 0}
+    real_route, real_decide = wide.kernels.gemm_k_route, WideLayer._decide
+
+    def route(*a, **k):
+        seen["route"] += 1
+        return real_route(*a, **k)
+
+    def decide(self, *a, **k):
+        seen["decide"] += 1
+        return real_decide(self, *a, **k)
+
+    monkeypatch.setattr(wide.kernels, "gemm_k_route", route)
+    monkeypatch.setattr(WideLayer, "_decide", decide)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qkv", [False, True], ids=["unfused-qkv", "fused-qkv"])
+def test_batch1_decode_routes_in_the_epilogues(arch, qkv, counts):
+    model = _routed(arch)
+    layers = model.config.num_hidden_layers
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
+    steps = 3
+    with use_kernel_options(decode_qkv=qkv, decode_residual=True):
+        off = _static_steps(model, ids, steps)
+        assert counts["route"] == 0
+        decided = counts["decide"]
+        with use_kernel_options(decode_route=True):
+            on = _static_steps(model, ids, steps)
+    # per decode step: every o_proj and every down_proj but the last layer's route; only layer 0's attention decides
+    assert counts["route"] == steps * (2 * layers - 1)
+    prefill = 2 * layers
+    assert counts["decide"] - decided == prefill + steps * 1
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert on[2] == off[2]
+
+
+def test_batches_and_prefill_keep_the_separate_launches(counts):
+    model = _routed("llama")
+    ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(2))
+    off = _static_steps(model, ids)
+    with use_kernel_options(decode_residual=True, decode_route=True):
+        on = _static_steps(model, ids)
+    assert counts["route"] == 0, "three rows: the fused epilogue takes batch-1 steps"
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    with use_kernel_options(decode_route=True):  # without decode_residual the layer's own forward runs
+        _static_steps(model, ids[:1])
+    assert counts["route"] == 0
+
+
+def test_forced_masks_and_coherent_decode_decide_as_before(counts):
+    model = _routed("llama")
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(3))
+    wide.set_coherent_decode(model, refresh_every=1)
+    off = _static_steps(model, ids)
+    with use_kernel_options(decode_residual=True, decode_route=True):
+        on = _static_steps(model, ids)
+    assert counts["route"] == 0, "batch-coherent selection is not the router's own decision"
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+
+
+def test_triton_interpreter_matches_the_unfused_layers():
+    """fp32 tiny Qwen2 and Llama through the Triton kernels (CPU interpreter): one launch per closing GEMM with the
+    next norm and router gives the logits of the separate launches."""
+    run_interpreted("""
+        from tests.conftest import tiny_model
+        from tests.modeling.test_fused_attention import _static_steps
+        from wide.kernels import get_backend, use_kernel_options
+        from wide.modeling.inference import enable_kernels
+        assert get_backend("triton").is_available()
+        for arch in ("qwen2", "llama"):
+            m = tiny_model(arch, num_hidden_layers=3, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=32)
+            wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
+            enable_kernels(m, "triton")
+            ids = torch.randint(3, 96, (1, 5))
+            with use_kernel_options(decode_residual=True, decode_qkv=True):
+                off = _static_steps(m, ids, 2)
+                with use_kernel_options(decode_route=True):
+                    on = _static_steps(m, ids, 2)
+            torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
+            assert on[2] == off[2]
+        print("OK")
+        """)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
+def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout):
+    model, ids, feed = gpu_routed(arch, layout, 1, seed=7)
+    with use_kernel_options(decode_residual=True):
+        off = _static_steps(model, ids, 4, feed)
+        tokens_off = wide.generate(model, ids, max_new_tokens=8)
+        with use_kernel_options(decode_route=True):
+            on = _static_steps(model, ids, 4, feed)
+            tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue captured
+    torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
+    assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)
