@@ -509,7 +509,7 @@ _route23)
     tests/kernels/test_backend_contract.py -k "fused or route or decode_qkv or gemm_k" > /tmp/res/gpu_tests_route.txt 2>&1
   tail -3 /tmp/res/gpu_tests_route.txt
   V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"; V4="$V2 --kernel-option decode_route=1"
-  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for v in 4 2; do eval "opt=\$V$v"
+  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh b1 v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"
   done; done

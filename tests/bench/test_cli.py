@@ -325,3 +325,16 @@ def test_bench_help_names_every_kernel_option():
     text = parser().format_help().replace("\n", " ")
     for f in dataclasses.fields(KernelOptions):
         assert f.name in text, f"wide bench --help does not name the kernel option {f.name}"
+
+
+def test_bench_times_the_dense_step_with_the_same_fused_launches(tmp_path, tiny_model_dir):
+    """With a fused decode option on, the dense candidates include the routed model's own dense step (routing off)
+    through the same fused launches; the baseline is the fastest candidate."""
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",
+                "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
+                "--kernel-option", "decode_residual=1", "--kernel-option", "decode_qkv=1", "--json", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    fused = [k for k in row["dense_variants"] if k.startswith("wide-fused ")]
+    assert len(fused) == 1 and row["dense_variants"][fused[0]] > 0
+    assert row["dense_ms"] == min(row["dense_variants"].values())

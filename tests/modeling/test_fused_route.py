@@ -120,3 +120,37 @@ def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout):
             tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue captured
     torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
     assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_dense_steps_of_the_routed_model_fuse_too(arch, monkeypatch):
+    """Routing off (the dense backbone, `wide bench`'s dense baseline with the same launches): q / k / v in one
+    launch computing every head, the residual adds inside cuBLAS (``addmm``); the logits of the plain dense step."""
+    from wide.modeling.wrap import runtime_of
+
+    model = _routed(arch)
+    calls = {"qkv": 0, "addmm": 0}
+    real_qkv, real_addmm = wide.kernels.decode_qkv, torch.addmm
+
+    def qkv(*a, **k):
+        calls["qkv"] += 1
+        assert a[4] is None, "routing off: every q head"
+        return real_qkv(*a, **k)
+
+    def addmm(*a, **k):
+        calls["addmm"] += 1
+        return real_addmm(*a, **k)
+
+    monkeypatch.setattr(wide.kernels, "decode_qkv", qkv)
+    monkeypatch.setattr(torch, "addmm", addmm)
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(4))
+    with runtime_of(model).routing_off():
+        off = _static_steps(model, ids)
+        assert calls == {"qkv": 0, "addmm": 0}
+        with use_kernel_options(decode_qkv=True, decode_residual=True, decode_route=True):
+            on = _static_steps(model, ids)
+    layers = model.config.num_hidden_layers
+    assert calls == {"qkv": 3 * layers, "addmm": 2 * 3 * layers}
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,7 @@
 """The dense decode baseline: the fastest of transformers' masked SDPA and unmasked SDPA over exactly the filled
-keys of the cache, with each SDPA backend forced in turn, and (``--dense-compile``) the fastest of those with the
-whole step under ``torch.compile``."""
+keys of the cache, with each SDPA backend forced in turn, (``--dense-compile``) the fastest of those with the
+whole step under ``torch.compile``, and (with a fused decode option on, `fused_dense_decode`) the routed model's own
+dense step with the same fused launches."""
 
 from __future__ import annotations
 
@@ -135,3 +136,20 @@ def _time_variant(model, batch, context, graphs, iters, name, impl, ctx, compile
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return key, ms
+
+
+def fused_dense_decode(model, batch: int, context: int, graphs: bool, iters: int, best: str) -> tuple[str, float]:
+    """(name, median ms) of the routed ``model``'s dense step: routing off (`WideRuntime.routing_off`: no router, every
+    head and channel) through the fused decode launches the current `KernelOptions` switch on (`decode_qkv` computing
+    every q head, `decode_residual`'s adds inside cuBLAS), over the attention variant ``best`` (the plain dense
+    winner's name). A dense baseline with the same launch savings as the routed step: without it, part of a routed
+    ratio would be fusion any dense model could have."""
+    from wide.modeling.wrap import runtime_of
+
+    name = best.split(" (")[0].removeprefix("compiled ")
+    found = [(n, impl, ctx) for n, impl, ctx in dense_decode_variants(graphs) if n == name]
+    if not found:
+        return f"wide-fused {name} (failed: no such variant)", float("inf")
+    _, impl, ctx = found[0]
+    with runtime_of(model).routing_off():
+        return _time_variant(model, batch, context, graphs, iters, f"wide-fused {name}", impl, ctx)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from wide.bench.dense import best_dense_decode
+from wide.bench.dense import best_dense_decode, fused_dense_decode
 from wide.bench.floor import StepShape, decode_step_bytes, floor_fields, router_bytes, step_masks
 from wide.bench.models import build_model, compile_forward, use_text_ids
 from wide.bench.report import coherent_name
@@ -85,6 +85,17 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
         fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
+    from wide.kernels import kernel_options
+
+    if kernel_options().decode_qkv or kernel_options().decode_residual:
+        # the dense step with the routed step's fused launches (routing off): the baseline when it is faster
+        for b in args.decode_batch:
+            d_ms, d_name, _ = dense[("decode", b, args.context)]
+            key, ms = fused_dense_decode(model, b, args.context, not args.no_graphs, args.iters * 4, d_name)
+            dense_variants[b][key] = ms
+            if ms < d_ms:
+                dense[("decode", b, args.context)] = (ms, key, floor_fields(
+                    "dense", decode_step_bytes(shape, b, keys), ms, bandwidth))
     variants = [("per-token", None, 1.0)] + ([(coherent_name(s), args.coherent_refresh, s)
                                               for s in args.coherent_keep_scale] if args.coherent else [])
     for s in sparsities:

@@ -70,7 +70,9 @@ def _qualifies(self, hidden: torch.Tensor, kwargs: dict):
     from wide.kernels import kernel_options
 
     wl = self._wide_fused_layer
-    if not (kernel_options().decode_qkv and wl.use_kernels() and "attn" in wl.group_mask):
+    # (routing off, `WideRuntime.routing_off`: the dense step of the same model, every q head; `wide bench`'s
+    # dense baseline with the same fused launches)
+    if not (kernel_options().decode_qkv and wl.use_kernels() and ("attn" in wl.group_mask or not wl.runtime.routing)):
         return None
     if hidden.dim() != 3 or hidden.shape[1] != 1 or torch.compiler.is_compiling():
         return None
@@ -102,7 +104,7 @@ def _fused_forward(self, hidden: torch.Tensor, layer, kwargs: dict):
     attention_mask = kwargs.pop("attention_mask", None)
     # a router still deciding on its side stream (`set_overlap_routing`) keeps deciding beside this launch, which
     # then computes every q head (the attention and o_proj wait for the mask); on one stream, the routed q
-    mask = None if wl.routing_pending else wl.kernel_mask("attn")[0]
+    mask = None if wl.routing_pending or "attn" not in wl.group_mask else wl.kernel_mask("attn")[0]
     q = kernels.decode_qkv(hidden, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, mask,
                            q_bias=self.q_proj.bias, k_bias=self.k_proj.bias, v_bias=self.v_proj.bias, cos=cos,
                            sin=sin, k_cache=layer.keys, v_cache=layer.values, position=layer.cumulative_length,

@@ -66,6 +66,18 @@ def closing_gemm(wl, kind: str, x: torch.Tensor, weight: torch.Tensor, mask, pla
                           residual=residual)
 
 
+def dense_closing(wl, kind: str, x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """The closing projection of a dense step of a routed model (routing off, `WideRuntime.routing_off`): the
+    residual the wrapper left is added by cuBLAS in the same launch (``addmm``, beta = 1: fp32, one rounding; no
+    router reads this sum). `wide bench` times the dense baseline this way too, so that both sides have the add in
+    the GEMM."""
+    residual = wl.pending_residual.pop(kind, None) if bias is None else None
+    if residual is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    n, k = weight.shape
+    return torch.addmm(residual.reshape(-1, n), x.reshape(-1, k), weight.t()).view(*x.shape[:-1], n)
+
+
 def install(layer: nn.Module, wide_layer) -> None:
     """Wraps the decoder ``layer``'s forward (once): qualifying decode steps fuse the residual adds."""
     wrap_forward(layer, INNER, _forward, _wide_residual_layer=wide_layer)

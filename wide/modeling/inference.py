@@ -74,6 +74,8 @@ class RoutedLinear(_LinearView):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wl = self.wide_layer
         if not wl.use_kernels() or self.kind not in wl.group_mask:
+            if self.mode == "k" and wl.use_kernels() and not wl.runtime.routing:
+                return fused_residual.dense_closing(wl, self.kind, x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
         from wide import kernels
 
@@ -148,6 +150,8 @@ class RoutedMLP(nn.Module):
             # swiglu wrote exact zeros for skipped channels: gemm_k need not mask x again; a decode step's residual
             # (`wide.modeling.fused_residual`) is added in its epilogue
             return fused_residual.closing_gemm(wl, "ffn", h, down.weight, mask, plan, True)
+        if self.fused and wl.use_kernels() and not wl.runtime.routing:  # a dense decode step may fuse its add
+            return fused_residual.dense_closing(wl, "ffn", act(gate(x)) * up(x), down.weight, None)
         return down(act(gate(x)) * up(x))
 
 
