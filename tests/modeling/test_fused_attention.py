@@ -187,10 +187,21 @@ def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, l
     for a, b in zip(on[1], off[1]):  # bf16 caches: RoPE rounded once here, per product in eager transformers
         torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
     assert on[2] == off[2]
-    tokens_off = wide.generate(model, ids, max_new_tokens=8)
-    with use_kernel_options(decode_qkv=True):
-        tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
-    assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)
+    # greedy tokens under `wide.generate`'s CUDA graphs, with every layer's masks fixed (forced): the fused launch's
+    # rounding (RoPE once, its own GEMV order) may flip a random router's near-zero margin, which moves the logits
+    # far; with the same masks on both sides only a real difference (or a near-tie of the logits) can show
+    gen = torch.Generator().manual_seed(11)
+    for layer in model.model.layers:
+        for kind, slot in layer.wide.slots.items():
+            layer.wide.forced[kind] = (torch.rand(slot.num_groups, generator=gen) < 0.5).float().cuda()
+    try:
+        tokens_off = wide.generate(model, ids, max_new_tokens=8)
+        with use_kernel_options(decode_qkv=True):
+            tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
+        assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 8)
+    finally:
+        for layer in model.model.layers:
+            layer.wide.forced = {}
 
 
 def assert_same_greedy(model, tokens_on, tokens_off, upto: int, tol: float = 3e-2) -> None:

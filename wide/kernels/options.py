@@ -43,18 +43,22 @@ class KernelOptions:
     decode_qkv: bool = False
     """Decode steps over a transformers static cache run each routed layer's q / k / v projections, RoPE and cache
     write as one `wide.kernels.decode_qkv` launch instead of ~10 (`wide.modeling.fused_attention`; Llama / Qwen2
-    attention). Off until measured on the H200."""
+    attention). H200 2026-12-03: Qwen2.5-1.5B with trained routers, batch 1, 1.12x → 1.44x (BENCHMARKS.md). Off
+    while its bf16 GPU test on the Qwen layout (greedy tokens under `wide.generate`'s graphs) fails."""
 
     decode_residual: bool = False
     """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the
-    routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). Off
-    until measured on the H200."""
+    routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). H200
+    2026-12-03, with `decode_qkv`: Qwen2.5-1.5B batch 1 1.44x → 1.51x; its bf16 GPU tests pass since the epilogue
+    rounds the projection first. Off until the decode tables are re-measured with it on in one run."""
 
     decode_route: bool = False
     """With `decode_residual`, a batch-1 decode step's ``o_proj`` / ``down_proj`` launch also writes the next
     RMSNorm's output and the next router's decisions (`wide.kernels.gemm_k_route`): this layer's FFN, and the next
     layer's attention, then need no norm or router launch of their own, and the next layer's q projection knows its
-    mask before it starts (`wide.modeling.fused_residual`). Off until measured on the H200."""
+    mask before it starts (`wide.modeling.fused_residual`). H200 2026-12-03 profiles (batch 1, µs a layer, against
+    `decode_qkv` + `decode_residual`): SmolLM2 shape 46.1 → 41.9, 8B 149.6 → 145.1, Qwen 74.6 → 75.4 (the epilogue's
+    serial norm and router tail); the 8B step end to end unchanged (3.54 → 3.56 ms). Off."""
 
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
