@@ -3,8 +3,8 @@
 transformers' Llama / Qwen2 attention runs, at a decode step over a static cache, three projections, RoPE on q and k,
 and the cache's ``update`` (an ``arange``, a position add, a counter bump, two ``index_copy_``): about ten launches a
 layer, each a few µs of latency on small models. With the switch on, `enable_kernels` wraps the attention module's
-forward (`install`); a qualifying step — kernels on and the layer's attention routed, one token per row (one row on a
-GPU: `TritonBackend.verify_decode_qkv`), a transformers ``StaticLayer`` cache (initialised, same dtype and device, not
+forward (`install`); a qualifying step — kernels on and the layer's attention routed (or routing off: the dense step,
+every q head), one token per row, at most 16 rows, a transformers ``StaticLayer`` cache (initialised, same dtype and device, not
 offloaded), plain q / k / v linears, no q / k norms — runs `wide.kernels.decode_qkv` instead (the routed q, the dense
 k / v, RoPE, the cache write and its position bump in one launch), then the same attention call and ``o_proj`` as
 transformers' forward. Everything else calls the module's own forward. With the attention router on its side stream
@@ -76,8 +76,8 @@ def _qualifies(self, hidden: torch.Tensor, kwargs: dict):
         return None
     if hidden.dim() != 3 or hidden.shape[1] != 1 or torch.compiler.is_compiling():
         return None
-    if hidden.shape[0] != 1 and hidden.is_cuda:
-        return None  # batch-1 steps only on the GPU (the triton backend's verifier says why)
+    if hidden.shape[0] > 16:
+        return None  # one launch takes a 16-row tile (`wide.kernels.triton.decode_qkv.MAX_ROWS`)
     cache = kwargs.get("past_key_values", kwargs.get("cache"))
     pe = kwargs.get("position_embeddings")
     if cache is None or pe is None or self.training:

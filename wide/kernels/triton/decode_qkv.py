@@ -3,8 +3,8 @@
 transformers runs these as ~10 launches per layer at a decode step (three GEMVs, two RoPE kernels, and a static
 cache's ``arange`` + position add + counter bump + two ``index_copy_``); on small models each costs a few µs of
 latency whatever its size (H200 profile of the Qwen2.5-1.5B shape at batch 1: ≈ 30 µs of a ≈ 100 µs layer). Here
-one program computes one head's ``head_dim`` outputs (a q head only where the step's row runs its group, every k and
-v head) over a share of the reduction (split-K), for a batch-1 step; the head's last program to arrive sums
+one program computes one head's ``head_dim`` outputs (a q head only where some row of the step runs its group, every
+k and v head) for all rows (up to 16) over a share of the reduction (split-K); the head's last program to arrive sums
 the shares in split order (deterministic), adds the bias, rounds to the activations' dtype as the linear would,
 rotates q and k (HF's ``rotate_half`` form, in fp32, rounded once), and writes q (zeros for rows that skip the
 group) and k / v into the static cache at the position the cache's counter holds. The last head to finish bumps
@@ -66,19 +66,29 @@ def _decode_qkv_kernel(
     acc_lo = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)  # the head's first and second halves (RoPE pairs them)
     acc_hi = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
     if needed:
-        # GEMV (one row: `TritonBackend.verify_decode_qkv`): elementwise products, reduced once at the end
-        part_lo = tl.zeros((HALF, BLOCK_K), dtype=tl.float32)
-        part_hi = tl.zeros((HALF, BLOCK_K), dtype=tl.float32)
-        for c in range(lo, hi):
-            kk = c * BLOCK_K + rk
-            kin = kk < K
-            xv = tl.load(x_ptr + kk, mask=kin, other=0.0).to(tl.float32)
-            wl = tl.load(w_base + j[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
-            wh = tl.load(w_base + (j + HALF)[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
-            part_lo += wl.to(tl.float32) * xv[None, :]
-            part_hi += wh.to(tl.float32) * xv[None, :]
-        acc_lo = tl.expand_dims(tl.sum(part_lo, axis=1), 0)
-        acc_hi = tl.expand_dims(tl.sum(part_hi, axis=1), 0)
+        if BLOCK_M == 1:
+            # GEMV: elementwise products, reduced once at the end
+            part_lo = tl.zeros((HALF, BLOCK_K), dtype=tl.float32)
+            part_hi = tl.zeros((HALF, BLOCK_K), dtype=tl.float32)
+            for c in range(lo, hi):
+                kk = c * BLOCK_K + rk
+                kin = kk < K
+                xv = tl.load(x_ptr + kk, mask=kin, other=0.0).to(tl.float32)
+                wl = tl.load(w_base + j[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
+                wh = tl.load(w_base + (j + HALF)[:, None] * K + kk[None, :], mask=kin[None, :], other=0.0)
+                part_lo += wl.to(tl.float32) * xv[None, :]
+                part_hi += wh.to(tl.float32) * xv[None, :]
+            acc_lo = tl.expand_dims(tl.sum(part_lo, axis=1), 0)
+            acc_hi = tl.expand_dims(tl.sum(part_hi, axis=1), 0)
+        else:  # a batch's rows (16-row tiles, `tl.dot`); rows that skip this q head load no x
+            for c in range(lo, hi):
+                kk = c * BLOCK_K + rk
+                kin = kk < K
+                a = tl.load(x_ptr + rm64[:, None] * sxm + kk[None, :], mask=run[:, None] & kin[None, :], other=0.0)
+                wl = tl.load(w_base + j[None, :] * K + kk[:, None], mask=kin[:, None], other=0.0)
+                wh = tl.load(w_base + (j + HALF)[None, :] * K + kk[:, None], mask=kin[:, None], other=0.0)
+                acc_lo = tl.dot(a, wl, acc_lo)
+                acc_hi = tl.dot(a, wh, acc_hi)
 
     if SPLIT > 1:
         # this share's partial to the workspace; the head's last program to arrive sums them in split order
@@ -141,6 +151,10 @@ def _decode_qkv_kernel(
             tl.store(cnt_ptr + NU, 0)
 
 
+MAX_ROWS = 16
+"""Rows one launch takes (a decode batch: one 16-row `tl.dot` tile; one row takes the GEMV)."""
+
+
 def _split(units: int, chunks: int) -> int:
     """Shares of the reduction per head: about two programs per SM of an H100 / H200 in all, a power of two."""
     want = max(1, 264 // max(units, 1))
@@ -167,9 +181,9 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     if interpreting():
         block_k = 32
     split = _split(units, triton.cdiv(K, block_k))
-    if B != 1:
-        raise ValueError(f"decode_qkv (triton): one row per launch, got {B}")
-    block_m = 1
+    if B > MAX_ROWS:
+        raise ValueError(f"decode_qkv (triton): at most {MAX_ROWS} rows per launch, got {B}")
+    block_m = 1 if B == 1 else 16
     ws = torch.empty(units * split * block_m * hd, device=x.device, dtype=torch.float32) if split > 1 else q
     # its own counters: without a mask this launch runs beside the attention router (side stream), whose kernel
     # meets at the shared ones
