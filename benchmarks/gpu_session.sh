@@ -51,7 +51,7 @@
 #                 rows without / with decode_qkv (QWEN23_OPTS: the variant's extra flags), then the compiled dense
 #                 step beside them (--dense-compile); SmolLM2 with low-rank routers the same way (assets: recv 00..25)
 #   route23       [detached] issue 23's next launch cut (decode_route: o_proj / down_proj also write the next norm and
-#                 router): GPU tests, b1 profiles of the three shapes with v2 (decode_qkv + decode_residual) and v4 (v2
+#                 router): GPU tests, the decode_qkv config sweep, b1 profiles of the three shapes with v2 (decode_qkv + decode_residual) and v4 (v2
 #                 + decode_route), the 8B decode rows v4, then Qwen2.5-1.5B with the routers in .qwen_routers/ and
 #                 SmolLM2 v4 / v2 (assets: recv 00..25 first; the Qwen rows are skipped without them)
 #   status        log tails; results packed into $OUT/results.tgz
@@ -509,6 +509,9 @@ _route23)
     tests/kernels/test_backend_contract.py -k "fused or route or decode_qkv or gemm_k" > /tmp/res/gpu_tests_route.txt 2>&1
   tail -3 /tmp/res/gpu_tests_route.txt
   V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"; V4="$V2 --kernel-option decode_route=1"
+  # the fused q / k / v launch's configs (2026-12-03: 23 µs for the 8B shape's 48 MB, ≈ 2.1 TB/s)
+  timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json > /tmp/res/decode_qkv_sweep.txt 2>&1
+  tail -9 /tmp/res/decode_qkv_sweep.txt
   for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh b1 v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"

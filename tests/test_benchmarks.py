@@ -31,7 +31,8 @@ def _load(name: str):
 def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
-        "batched_topk", "calibration_throughput", "decode_attention_sweep", "device_assets", "experts", "frontier",
+        "batched_topk", "calibration_throughput", "decode_attention_sweep", "decode_qkv_sweep", "device_assets",
+        "experts", "frontier",
         "fsdp_check", "gemv_sweep", "generate_batching", "generate_speed", "generator_ttft", "kernels",
         "prefill_gemm_sweep",
         "profile_decode", "profile_host", "profile_model", "profile_prefill"])
@@ -181,6 +182,13 @@ def test_gemv_sweep_candidates():
     for table in (mod.CANDIDATES, mod.CANDIDATES_16):
         assert set(table) == {"gemm_k", "gemm_mn", "swiglu"}
         assert all(len(v) > 1 and v[0] is None for v in table.values())
+
+
+def test_decode_qkv_sweep_candidates():
+    mod = _load("decode_qkv_sweep")
+    assert mod.CONFIGS[0] is None and len(mod.CONFIGS) > 2
+    assert all(sp >= 1 and bk & (bk - 1) == 0 and w in (2, 4, 8) for sp, bk, w in mod.CONFIGS[1:])
+    assert set(mod.SHAPES) == {"llama-8b", "qwen2.5-1.5b", "smollm2-135m"}
 
 
 def test_decode_attention_sweep_candidates():

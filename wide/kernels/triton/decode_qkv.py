@@ -164,8 +164,9 @@ def _split(units: int, chunks: int) -> int:
 def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
                mask: torch.Tensor, q_bias, k_bias, v_bias, cos: torch.Tensor, sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]``."""
+               out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]``. ``config``: ``(split,
+    block_k, num_warps)`` instead of the defaults (`benchmarks/decode_qkv_sweep.py`)."""
     B, K = x.shape[0], x.shape[-1]
     x2 = x.reshape(B, K)
     if x2.stride(-1) != 1:
@@ -181,6 +182,9 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     if interpreting():
         block_k = 32
     split = _split(units, triton.cdiv(K, block_k))
+    warps = 4
+    if config is not None:
+        split, block_k, warps = config
     if B > MAX_ROWS:
         raise ValueError(f"decode_qkv (triton): at most {MAX_ROWS} rows per launch, got {B}")
     block_m = 1 if B == 1 else 16
@@ -197,5 +201,5 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
         HAS_BIAS=has_bias, HAS_MASK=mask is not None, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=4)
+        num_warps=warps)
     return q
