@@ -324,22 +324,24 @@ def _decode_qkv_cases(dtype, gen):
         cos, sin = angle.cos().to(DEV, dtype), angle.sin().to(DEV, dtype)
         mask = _mask((B, 1, G), kind, gen) if kind != "none" else None  # None: every q head
         cache = _randn(gen, 2, B, HK, S, D, dtype=dtype)
+        eager = kind in ("random", "none")  # RoPE rounded per product (eager transformers), else once
 
-        def call(be, x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos):
+        def call(be, x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos, eager=eager):
             k, v = cache[0].clone(), cache[1].clone()
             at = torch.tensor(pos, device=DEV)
             q = wk.decode_qkv(x, *ws, mask, q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=k,
-                              v_cache=v, position=at, backend=be)
+                              v_cache=v, position=at, backend=be, eager_rope=eager)
             return q, k, v, at
 
-        def reference(x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos):
+        def reference(x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos, eager=eager):
             k, v = cache[0].clone(), cache[1].clone()
             at = torch.tensor(pos, device=DEV)
             q = wk.decode_qkv(x, *ws, mask, q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=k,
-                              v_cache=v, position=at, backend=REFERENCE)
+                              v_cache=v, position=at, backend=REFERENCE, eager_rope=eager)
             return q, k, v, at
 
-        yield f"B={B} K={K} Hq={HQ} Hk={HK} D={D} G={G} bias={bias} mask={kind}", call, reference, compare
+        yield (f"B={B} K={K} Hq={HQ} Hk={HK} D={D} G={G} bias={bias} mask={kind} eager_rope={eager}", call,
+               reference, compare)
 
 
 CASES = {

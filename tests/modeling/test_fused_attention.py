@@ -218,3 +218,31 @@ def assert_same_greedy(model, tokens_on, tokens_off, upto: int, tol: float = 3e-
             gap = (logits[tokens_off[row, i]] - logits[tokens_on[row, i]]).abs().item()
             assert gap < tol, f"row {row}: token {i} differs ({int(tokens_on[row, i])} vs {int(tokens_off[row, i])})"\
                 f" where the unfused logits differ by {gap:.3f}"
+
+
+def test_bf16_decode_rounds_rope_as_the_module_does(monkeypatch):
+    """In 16-bit, RoPE rounded once (compiled glue) and per product (eager transformers) differ by an ulp, enough to
+    move a router's near-zero margin across zero (2026-12-03: a random Qwen layout's first greedy token). The fused
+    launch rounds as the module's own RoPE would: here eager, so the bf16 decode steps on the torch reference path
+    are the unfused ones bit for bit; under `fuse_glue`'s inductor RoPE, once."""
+    seen = []
+    real = wide.kernels.decode_qkv
+
+    def spy(*a, eager_rope=False, **k):
+        seen.append(eager_rope)
+        return real(*a, eager_rope=eager_rope, **k)
+
+    monkeypatch.setattr(wide.kernels, "decode_qkv", spy)
+    model = _routed("qwen2").to(torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(3))
+    off = _static_steps(model, ids)
+    with use_kernel_options(decode_qkv=True):
+        on = _static_steps(model, ids)
+    assert seen and all(seen)
+    assert torch.equal(on[0], off[0]) and all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
+    rope = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
+    monkeypatch.setattr(rope, "_wide_backend", "inductor", raising=False)
+    seen.clear()
+    with use_kernel_options(decode_qkv=True):
+        _static_steps(model, ids, 1)
+    assert seen and not any(seen)

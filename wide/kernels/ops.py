@@ -190,7 +190,7 @@ def _check_attention(q, k, v, mask, what: str) -> None:
 
 @torch.compiler.disable
 def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin, k_cache,
-               v_cache, position, backend: str = "auto", out=None):
+               v_cache, position, backend: str = "auto", out=None, eager_rope: bool = False):
     """A decode step's routed q projection, dense k / v projections, RoPE and static-cache write, in one call
     (one launch on the triton backend, `wide.kernels.triton.decode_qkv`).
 
@@ -206,6 +206,10 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
         position: a one-element int64 tensor, the cache's write position (transformers' ``StaticLayer``
             ``cumulative_length``); advanced by one, as the cache's own ``update`` does.
         backend, out: as in `gemm_mn` (``out`` is ``[B, 1, Hq, D]``).
+        eager_rope: RoPE as eager transformers rounds it in 16-bit (each of ``q * cos`` and ``rotate_half(q) *
+            sin`` rounded to ``x``'s dtype, then their sum); default: in fp32, rounded once (as compiled RoPE,
+            `wide.fuse_glue`'s inductor graph). A router downstream reads the result: the reference path's rounding
+            keeps its near-zero margins on the same side.
 
     Returns:
         q ``[B, 1, Hq, D]``, rotated, zeros in skipped head groups.
@@ -241,7 +245,7 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
                 position=position, out=out)
     return dispatch.choose("decode_qkv", backend, call, x.device).decode_qkv(
         x, q_weight, k_weight, v_weight, mask, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, cos=cos, sin=sin,
-        k_cache=k_cache, v_cache=v_cache, position=position, out=out)
+        k_cache=k_cache, v_cache=v_cache, position=position, out=out, **({"eager_rope": True} if eager_rope else {}))
 
 
 @torch.compiler.disable

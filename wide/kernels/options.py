@@ -43,9 +43,9 @@ class KernelOptions:
     decode_qkv: bool = False
     """Decode steps over a transformers static cache run each routed layer's q / k / v projections, RoPE and cache
     write as one `wide.kernels.decode_qkv` launch instead of ~10 (`wide.modeling.fused_attention`; Llama / Qwen2
-    attention). H200 2026-12-03: Qwen2.5-1.5B with trained routers, batch 1, 1.12x → 1.44x (BENCHMARKS.md). RoPE
-    rounded once, as compiled glue does (eager transformers rounds each product: in bf16 a near-zero router margin
-    may flip). Off until the decode tables are re-measured with it on."""
+    attention). H200 2026-12-03: Qwen2.5-1.5B with trained routers, batch 1, 1.12x → 1.44x (BENCHMARKS.md). RoPE is
+    rounded as the module's own path would (`wide.kernels.decode_qkv`'s ``eager_rope``). Off until the decode tables
+    are re-measured with it on."""
 
     decode_residual: bool = False
     """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the

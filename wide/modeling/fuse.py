@@ -54,6 +54,7 @@ def _compiled(fn: Callable, backend: str) -> Callable:
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         out = torch.compile(fn, fullgraph=True, backend=backend)
         out._wide_original = fn  # also marks a module forward as fused (a bound method shows its attributes)
+        out._wide_backend = backend  # (inductor rounds a fused pointwise chain once: `wide.kernels.decode_qkv`)
         _COMPILED[key] = out
     return _COMPILED[key]
 

@@ -106,13 +106,13 @@ class TorchBackend(KernelBackend):
         return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
 
     def decode_qkv(self, x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin,
-                   k_cache, v_cache, position, out=None):
+                   k_cache, v_cache, position, out=None, eager_rope=False):
         B, D = x.shape[0], k_cache.shape[-1]
         q = F.linear(x, q_weight, q_bias).view(B, 1, -1, D)
         k = F.linear(x, k_weight, k_bias).view(B, 1, -1, D)
         v = F.linear(x, v_weight, v_bias).view(B, 1, -1, D)
         c, s = cos.reshape(-1, 1, 1, D).float(), sin.reshape(-1, 1, 1, D).float()
-        q, k = rope(q, c, s), rope(k, c, s)
+        q, k = rope(q, c, s, eager_rope), rope(k, c, s, eager_rope)
         if mask is not None:
             q = apply_mask(q, expand_groups(mask, q.shape[2] // mask.shape[-1]).unsqueeze(-1))
         at = position.reshape(1).long()
@@ -165,12 +165,14 @@ class TorchBackend(KernelBackend):
                                     refresh_every=refresh_every, keep_scale=keep_scale, groups=groups)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's ``x * cos + rotate_half(x) * sin`` in fp32, rounded once to ``x``'s dtype (what compiled glue computes;
-    eager bf16 rounds each product)."""
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eager: bool = False) -> torch.Tensor:
+    """HF's ``x * cos + rotate_half(x) * sin`` in fp32, rounded once to ``x``'s dtype (what compiled glue computes);
+    ``eager``: each product rounded to ``x``'s dtype, then the sum (eager transformers in 16-bit)."""
     x32 = x.float()
     half = x.shape[-1] // 2
     rot = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    if eager:
+        return ((x32 * cos).to(x.dtype).float() + (rot * sin).to(x.dtype).float()).to(x.dtype)
     return (x32 * cos + rot * sin).to(x.dtype)
 
 

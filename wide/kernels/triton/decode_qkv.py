@@ -30,7 +30,7 @@ def _decode_qkv_kernel(
     M, K, HQ, HK, S, HPG,
     sxm, smm, smg, scm, ssm, sqm, sqh, skb, skh, sks, svb, svh, svs,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HALF: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EAGER_ROPE: tl.constexpr = False,
 ):
     u = tl.program_id(0)  # the head: q heads [0, HQ), k heads [HQ, HQ + HK), v heads [HQ + HK, HQ + 2 HK)
     s = tl.program_id(1)  # the share of the reduction
@@ -124,8 +124,13 @@ def _decode_qkv_kernel(
             s_hi = tl.load(sin_ptr + rm64[:, None] * ssm + HALF + j[None, :], mask=mvalid[:, None],
                            other=0.0).to(tl.float32)
             # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x_hi, x_lo]
-            r_lo = y_lo * c_lo - y_hi * s_lo
-            r_hi = y_hi * c_hi + y_lo * s_hi
+            if EAGER_ROPE:  # each product rounded to the activations' dtype, then the sum (eager transformers)
+                dt = q_ptr.dtype.element_ty
+                r_lo = (y_lo * c_lo).to(dt).to(tl.float32) + (-(y_hi * s_lo)).to(dt).to(tl.float32)
+                r_hi = (y_hi * c_hi).to(dt).to(tl.float32) + (y_lo * s_hi).to(dt).to(tl.float32)
+            else:
+                r_lo = y_lo * c_lo - y_hi * s_lo
+                r_hi = y_hi * c_hi + y_lo * s_hi
         else:
             r_lo = y_lo
             r_hi = y_hi
@@ -164,7 +169,8 @@ def _split(units: int, chunks: int) -> int:
 def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
                mask: torch.Tensor, q_bias, k_bias, v_bias, cos: torch.Tensor, sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
-               out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
+               eager_rope: bool = False) -> torch.Tensor:
     """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]``. ``config``: ``(split,
     block_k, num_warps)`` instead of the defaults (`benchmarks/decode_qkv_sweep.py`)."""
     B, K = x.shape[0], x.shape[-1]
@@ -201,5 +207,5 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
         HAS_BIAS=has_bias, HAS_MASK=mask is not None, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=warps)
+        EAGER_ROPE=bool(eager_rope), num_warps=warps)
     return q
