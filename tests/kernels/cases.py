@@ -39,3 +39,14 @@ def random_mask(shape, density: float, gen: torch.Generator, device="cpu") -> to
     if density <= 0.0:
         return torch.zeros(shape, dtype=torch.bool, device=device)
     return (torch.rand(shape, generator=gen) < density).to(device)
+
+
+class GridSpy:
+    """Stands in for a ``@triton.jit`` kernel (monkeypatched over it): records each launch's grid, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]

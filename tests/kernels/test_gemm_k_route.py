@@ -6,20 +6,12 @@ import pytest
 import torch
 
 import wide.kernels as wk
+from .cases import GridSpy
 from wide.kernels.backends.torch_ref import hf_rms_norm
 from wide.kernels.triton.common import GemmConfig
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not wk.get_backend("triton").is_available(), reason="triton unavailable")
-
-
-class _LaunchSpy:
-    def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        return self.kernel[grid]
 
 
 def _inputs(gen, K, groups, N, rank, dtype, density=0.5, up=True, bias=True):
@@ -59,7 +51,7 @@ def test_one_launch_matches_reference(cfg, N, rank, dtype, monkeypatch):
 
     gen = torch.Generator().manual_seed(N + rank + cfg.split_k)
     x, w, mask, res, nw, r = _inputs(gen, 64, 4, N, rank, dtype)
-    spy = _LaunchSpy(host._gemm_k_kernel)
+    spy = GridSpy(host._gemm_k_kernel)
     monkeypatch.setattr(host, "_gemm_k_kernel", spy)
     out = host.gemm_k_route(x, w, mask, res, nw, 1e-5, *r, True, 1e-6, config=cfg)
     assert len(spy.grids) == 1, "the projection, the add, the norm and the router in one launch"

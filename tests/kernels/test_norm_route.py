@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import wide.kernels as wk
+from .cases import GridSpy
 from wide.kernels.backends.torch_ref import hf_rms_norm
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -18,21 +19,10 @@ def _router(gen, d, rank, groups, up=True, bias=True):
     return down, u, b
 
 
-class _GridSpy:
-    """Stands in for the router kernel: records each launch's grid ``(rows, SPLIT)``."""
-
-    def __init__(self, kernel):
-        self.kernel, self.grids = kernel, []
-
-    def __getitem__(self, grid):
-        self.grids.append(grid)
-        return self.kernel[grid]
-
-
 def _run(monkeypatch, x, w, r, norm_eps=1e-5):
     from wide.kernels.triton import router as host
 
-    spy = _GridSpy(host._router_margin_kernel)
+    spy = GridSpy(host._router_margin_kernel)  # grids (rows, SPLIT)
     monkeypatch.setattr(host, "_router_margin_kernel", spy)
     y, d = wk.rms_norm_route(x, w, norm_eps, *r, backend="triton")
     assert len(spy.grids) == 1, "one launch for the norm and the router"

@@ -112,17 +112,12 @@ def test_triton_interpreter_matches_the_unfused_kernels():
     """fp32 tiny Llama and Qwen2 (head dim 32) through the Triton kernels (CPU interpreter), batch 1: one fused
     launch per layer and decode step, the logits, cache and tokens of the unfused kernels."""
     run_interpreted("""
-        from tests.conftest import tiny_model
-        from tests.modeling.test_fused_attention import _static_steps
+        from tests.modeling.test_fused_attention import _static_steps, tiny_triton_model
         from wide.kernels import get_backend, use_kernel_options
         from wide.kernels.triton import decode_qkv
-        from wide.modeling.inference import enable_kernels
         assert get_backend("triton").is_available()
         for arch in ("llama", "qwen2"):
-            m = tiny_model(arch, num_hidden_layers=2, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=32)
-            wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
-            enable_kernels(m, "triton")
+            m = tiny_triton_model(arch)
             ids = torch.randint(3, 96, (1, 5))  # batch 1: the triton launch's
             off = _static_steps(m, ids, 2)
             launches = []
@@ -161,6 +156,35 @@ def gpu_routed(arch: str, layout: dict, batch: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     return model, torch.randint(3, 512, (batch, 9), generator=gen).cuda(), \
         torch.randint(3, 512, (batch, 4), generator=gen).cuda()
+
+
+def tiny_triton_model(arch: str, layers: int = 2):
+    """The interpreter tests' model: a tiny fp32 routed ``arch`` (head dim 32) on the triton backend."""
+    m = tiny_model(arch, num_hidden_layers=layers, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32)
+    wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
+    return enable_kernels(m, "triton")
+
+
+def interpreted_options_match(archs, rows, base: dict, extra: dict, layers: int = 2) -> None:
+    """In the Triton interpreter (a fresh process): each ``arch``'s decode-step logits and cache positions with the
+    kernel options ``extra`` on top of ``base`` are those with ``base`` alone (fp32, 1e-4), at each row count."""
+    run_interpreted(f"""
+        from tests.modeling.test_fused_attention import _static_steps, tiny_triton_model
+        from wide.kernels import get_backend, use_kernel_options
+        assert get_backend("triton").is_available()
+        for arch in {tuple(archs)!r}:
+            m = tiny_triton_model(arch, {layers})
+            for rows in {tuple(rows)!r}:
+                ids = torch.randint(3, 96, (rows, 5))
+                with use_kernel_options(**{base!r}):
+                    off = _static_steps(m, ids, 2)
+                    with use_kernel_options(**{extra!r}):
+                        on = _static_steps(m, ids, 2)
+                torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
+                assert on[2] == off[2]
+        print("OK")
+        """)
 
 
 def run_interpreted(body: str) -> None:

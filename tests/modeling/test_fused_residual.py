@@ -10,7 +10,7 @@ import wide
 import wide.kernels
 from tests.conftest import tiny_model
 from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
-                                                 run_interpreted)
+                                                 interpreted_options_match)
 from wide.kernels import use_kernel_options
 from wide.modeling import fused_residual
 from wide.modeling.inference import enable_kernels
@@ -70,25 +70,7 @@ def test_prefill_reference_path_and_other_layers_keep_the_adds(residuals):
 def test_triton_interpreter_matches_the_unfused_adds():
     """fp32 tiny Qwen2 through the Triton kernels (CPU interpreter): the residual in gemm_k's epilogue, split-K and
     not, gives the logits of the separate adds."""
-    run_interpreted("""
-        from tests.conftest import tiny_model
-        from tests.modeling.test_fused_attention import _static_steps
-        from wide.kernels import get_backend, use_kernel_options
-        from wide.modeling.inference import enable_kernels
-        assert get_backend("triton").is_available()
-        m = tiny_model("qwen2", num_hidden_layers=2, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=32)
-        wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
-        enable_kernels(m, "triton")
-        for rows in (1, 3):
-            ids = torch.randint(3, 96, (rows, 5))
-            off = _static_steps(m, ids, 2)
-            with use_kernel_options(decode_residual=True, decode_qkv=True):
-                on = _static_steps(m, ids, 2)
-            torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
-            assert on[2] == off[2]
-        print("OK")
-        """)
+    interpreted_options_match(("qwen2",), (1, 3), {}, dict(decode_residual=True, decode_qkv=True))
 
 
 @pytest.mark.gpu

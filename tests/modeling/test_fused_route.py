@@ -10,7 +10,7 @@ import torch
 import wide
 import wide.kernels
 from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
-                                                 run_interpreted)
+                                                 interpreted_options_match)
 from tests.modeling.test_fused_residual import _routed
 from wide.kernels import use_kernel_options
 from wide.modeling.layer import WideLayer
@@ -85,26 +85,8 @@ def test_forced_masks_and_coherent_decode_decide_as_before(counts):
 def test_triton_interpreter_matches_the_unfused_layers():
     """fp32 tiny Qwen2 and Llama through the Triton kernels (CPU interpreter): one launch per closing GEMM with the
     next norm and router gives the logits of the separate launches."""
-    run_interpreted("""
-        from tests.conftest import tiny_model
-        from tests.modeling.test_fused_attention import _static_steps
-        from wide.kernels import get_backend, use_kernel_options
-        from wide.modeling.inference import enable_kernels
-        assert get_backend("triton").is_available()
-        for arch in ("qwen2", "llama"):
-            m = tiny_model(arch, num_hidden_layers=3, hidden_size=96, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=32)
-            wide.apply_wide(m, wide.WideConfig(router="lowrank", attn_group_size=1, ffn_group_size=32))
-            enable_kernels(m, "triton")
-            ids = torch.randint(3, 96, (1, 5))
-            with use_kernel_options(decode_residual=True, decode_qkv=True):
-                off = _static_steps(m, ids, 2)
-                with use_kernel_options(decode_route=True):
-                    on = _static_steps(m, ids, 2)
-            torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
-            assert on[2] == off[2]
-        print("OK")
-        """)
+    interpreted_options_match(("qwen2", "llama"), (1,), dict(decode_residual=True, decode_qkv=True),
+                              dict(decode_route=True), layers=3)
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
     given the device's measured ``bandwidth`` (`wide.bench.floor.measure_bandwidth`), its floor. ``ids``: a token
     stream every timed forward cuts its ids from (`wide.bench.models.bench_ids`); ``None``: random ids."""
     import wide
+    from wide.kernels import kernel_options
     from wide.modeling.fuse import fuse_glue
     from wide.modeling.inference import enable_kernels
 
@@ -85,8 +86,6 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
         fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:
         torch._dynamo.reset()  # the dense side's frames guard on modules the routed model replaced
-    from wide.kernels import kernel_options
-
     if kernel_options().decode_qkv or kernel_options().decode_residual:
         # the dense step with the routed step's fused launches (routing off): the baseline when it is faster
         for b in args.decode_batch:

@@ -3,9 +3,9 @@
 transformers' Llama / Qwen2 attention runs, at a decode step over a static cache, three projections, RoPE on q and k,
 and the cache's ``update`` (an ``arange``, a position add, a counter bump, two ``index_copy_``): about ten launches a
 layer, each a few µs of latency on small models. With the switch on, `enable_kernels` wraps the attention module's
-forward (`install`); a qualifying step — kernels on and the layer's attention routed (or routing off: the dense step,
-every q head), one token per row, at most 16 rows, a transformers ``StaticLayer`` cache (initialised, same dtype and device, not
-offloaded), plain q / k / v linears, no q / k norms — runs `wide.kernels.decode_qkv` instead (the routed q, the dense
+forward (`install`); a qualifying step — kernels on and the layer's attention routed (or routing off: the dense
+step, every q head), one token per row, at most 16 rows, a transformers ``StaticLayer`` cache (initialised, same
+dtype and device, not offloaded), plain q / k / v linears, no q / k norms — runs `wide.kernels.decode_qkv` instead (the routed q, the dense
 k / v, RoPE, the cache write and its position bump in one launch), then the same attention call and ``o_proj`` as
 transformers' forward. Everything else calls the module's own forward. With the attention router on its side stream
 (the default, `set_overlap_routing`) the launch computes every q head while the router decides beside it, and the

@@ -227,7 +227,7 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
             (only read by the ``"list"`` variant; the ``"local"`` variant builds each tile's list in the kernel
             and takes ``None`` for both).
         x_masked: x is already zero in masked groups (the output of gemm_mn/SwiGLU under this mask).
-        residual: ``[M, N]`` or ``None``, added in the epilogue (fp32, before the output's rounding).
+        residual: ``[M, N]`` or ``None``, added in the epilogue to the rounded projection (a separate add's bits).
         route: `gemm_k_route`'s ``(down, up, bias, normalize, eps, norm_weight, norm_eps, y [N], decisions [G])``
             (one row): the written row's norm and router decisions in the same launch.
     """

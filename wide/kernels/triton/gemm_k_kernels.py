@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .router import rms_norm_row, router_second_stage
 from .tiles import grouped_tile
 
 
@@ -31,12 +32,14 @@ def _finish_k_tile(acc, out_ptrs, ws_tile, ok, b_ptr, rn, nvalid, cnt_ptr, pid, 
     """Writes a gemm_k tile: directly, or (split-K) its partial to the fp32 workspace ``ws_tile`` (the tile's
     rows, ``M x N`` per split); the tile's last program to arrive sums the partials in split order and writes.
     ``HAS_RES``: the tile of ``res_ptrs`` (a residual stream) is added to the rounded projection, as a separate add
-    would (a router downstream reads the sum: the same bits keep its decisions). Returns (the tile as written, in fp32 after its rounding; whether this program wrote it)."""
+    would (a router downstream reads the sum: the same bits keep its decisions). Returns (the tile as written, in
+    fp32 after its rounding; whether this program wrote it)."""
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nvalid, other=0.0).to(tl.float32)[None, :]
         if HAS_RES:  # the projection rounded first, then the add: the separate add's bits
-            acc = acc.to(out_ptrs.dtype.element_ty).to(tl.float32) + tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
+            res = tl.load(res_ptrs, mask=ok, other=0.0).to(tl.float32)
+            acc = acc.to(out_ptrs.dtype.element_ty).to(tl.float32) + res
         tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=ok)
         val = acc
         wrote = pid >= 0
@@ -95,28 +98,11 @@ def _route_row(y, rn, nvalid, tile_n, NT, N, row_ptr, down_ptr, sdr, up_ptr, sug
             ss += tl.load(part_ptr + t * (BLOCK_R + 1) + BLOCK_R, mask=tin, other=0.0, cache_modifier=".cg")
         sq_all = tl.sum(ss, axis=0)
         tl.store(rcnt_ptr, 0)  # reset for the next launch (graph replays included)
-        # HF Llama / Qwen RMSNorm of the stored row: weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)
-        inv = tl.rsqrt(sq_all / N + norm_eps)
-        for d0 in range(0, N, BLOCK_D):
-            d = d0 + tl.arange(0, BLOCK_D)
-            din = d < N
-            xv = tl.load(row_ptr + d, mask=din, other=0.0, cache_modifier=".cg").to(tl.float32)
-            gv = tl.load(gamma_ptr + d, mask=din, other=0.0).to(tl.float32)
-            yn = gv * (xv * inv).to(ynorm_ptr.dtype.element_ty).to(tl.float32)
-            tl.store(ynorm_ptr + d, yn.to(ynorm_ptr.dtype.element_ty), mask=din)
+        # the stored row's norm (written by the launch's other tiles too) and the router's rest, as the router kernel
+        rms_norm_row(row_ptr, gamma_ptr, ynorm_ptr, N, tl.rsqrt(sq_all / N + norm_eps), BLOCK_D, True)
         if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
             hs = hs * tl.rsqrt(sq_all / N + eps)
-        for g0 in range(0, RG, BLOCK_RG):
-            g = g0 + tl.arange(0, BLOCK_RG)
-            gin = g < RG
-            if HAS_UP:
-                u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
-                m = tl.sum(u.to(tl.float32) * hs[None, :], axis=1)
-            else:  # the first stage already has the groups' outputs (R == G)
-                m = tl.sum(tl.where(g[:, None] == r[None, :], hs[None, :], 0.0), axis=1)
-            if HAS_RBIAS:
-                m += tl.load(rbias_ptr + g, mask=gin, other=0.0).to(tl.float32)
-            tl.store(dec_ptr + g, (m >= 0).to(tl.uint8), mask=gin)
+        router_second_stage(hs, r, rin, up_ptr, sug, rbias_ptr, dec_ptr, RG, HAS_UP, HAS_RBIAS, True, BLOCK_RG)
 
 
 @triton.jit

@@ -21,6 +21,45 @@ from .common import arrival_counters, capturing
 
 
 @triton.jit
+def rms_norm_row(row_ptr, gamma_ptr, y_ptr, D, inv, BLOCK_D: tl.constexpr, PAST_L1: tl.constexpr):
+    """HF Llama / Qwen RMSNorm of one row given its ``inv = rsqrt(mean(x32^2) + eps)``: ``weight * (x32 *
+    inv).to(dtype)``, the product in fp32 and rounded once. ``PAST_L1``: the row was written by other programs of
+    the launch (read at L2)."""
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        din = d < D
+        if PAST_L1:
+            xv = tl.load(row_ptr + d, mask=din, other=0.0, cache_modifier=".cg").to(tl.float32)
+        else:
+            xv = tl.load(row_ptr + d, mask=din, other=0.0).to(tl.float32)
+        gv = tl.load(gamma_ptr + d, mask=din, other=0.0).to(tl.float32)
+        yv = gv * (xv * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptr + d, yv.to(y_ptr.dtype.element_ty), mask=din)
+
+
+@triton.jit
+def router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_row_ptr, G, HAS_UP: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, BLOCK_G: tl.constexpr):
+    """A linear / low-rank router's rest for one row, from its first GEMV ``h [BLOCK_R]`` (fp32, normalised): the
+    second GEMV over the rank (or ``h`` itself when the first stage has the G outputs), the bias, and the decisions
+    ``margin >= 0`` (``DECIDE``, uint8) or the fp32 margins, to ``out_row_ptr``'s G entries."""
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        gin = g < G
+        if HAS_UP:
+            u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+            m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
+        else:  # the first stage already has G outputs (R == G)
+            m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
+        if HAS_BIAS:
+            m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
+        if DECIDE:
+            tl.store(out_row_ptr + g, (m >= 0).to(tl.uint8), mask=gin)
+        else:
+            tl.store(out_row_ptr + g, m, mask=gin)
+
+
+@triton.jit
 def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, D, R, G, CHUNK,
                           sxm, sdr, sug, som, eps,
                           ema_ptr, sel_ptr, step_ptr, order_ptr, n_ptr, M, weight, keep, refresh_every, scale64,
@@ -69,31 +108,13 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
             h = tl.sum(tl.load(rows + r[None, :], cache_modifier=".cg"), axis=0)
             sq = tl.sum(tl.load(part_ptr + (row * SPLIT + sp) * (BLOCK_R + 1) + BLOCK_R, cache_modifier=".cg"), axis=0)
             tl.store(cnt_ptr + row, 0)
-        if WRITE_NORM:  # HF Llama / Qwen RMSNorm: weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)
-            inv = tl.rsqrt(sq / D + norm_eps)
-            for d0 in range(0, D, BLOCK_D):
-                d = d0 + tl.arange(0, BLOCK_D)
-                din = d < D
-                xv = tl.load(x_ptr + row * sxm + d, mask=din, other=0.0).to(tl.float32)
-                gv = tl.load(gamma_ptr + d, mask=din, other=0.0).to(tl.float32)
-                yv = gv * (xv * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
-                tl.store(y_ptr + row * sym + d, yv.to(y_ptr.dtype.element_ty), mask=din)
+        if WRITE_NORM:
+            rms_norm_row(x_ptr + row * sxm, gamma_ptr, y_ptr + row * sym, D, tl.rsqrt(sq / D + norm_eps), BLOCK_D,
+                         False)
         if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
             h = h * tl.rsqrt(sq / D + eps)
-        for g0 in range(0, G, BLOCK_G):
-            g = g0 + tl.arange(0, BLOCK_G)
-            gin = g < G
-            if HAS_UP:
-                u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
-                m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
-            else:  # the first stage already has G outputs (R == G)
-                m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
-            if HAS_BIAS:
-                m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
-            if DECIDE:
-                tl.store(out_ptr + row * som + g, (m >= 0).to(tl.uint8), mask=gin)
-            else:
-                tl.store(out_ptr + row * som + g, m, mask=gin)
+        router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_ptr + row * som, G, HAS_UP, HAS_BIAS, DECIDE,
+                            BLOCK_G)
         if COHERENT:
             tl.debug_barrier()
             rows_done = tl.atomic_add(cnt_ptr + M, 1, sem="acq_rel")  # releases this row's margins
