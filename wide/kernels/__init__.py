@@ -13,8 +13,8 @@ Importing this package never imports Triton.
 
 from .backends import (KernelBackend, available_backends, backend_choices, get_backend, list_backends,
                        register_backend, unregister_backend)
-from .ops import (attention_decode, attention_prefill, coherent_route, coherent_select, decode_qkv, ffn_experts,
-                  gemm_k, gemm_k_route, gemm_mn, rms_norm_route, router_margin, swiglu)
+from .ops import attention_decode, attention_prefill, decode_qkv, ffn_experts, gemm_k, gemm_mn, swiglu
+from .route_ops import coherent_route, coherent_select, gemm_k_route, rms_norm_route, router_margin
 from .options import KernelOptions, kernel_options, use_kernel_options
 from .plan import RoutingPlan, make_plan
 
