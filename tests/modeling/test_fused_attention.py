@@ -23,6 +23,11 @@ from wide.modeling.inference import enable_kernels, set_kernels
 ROOT = Path(__file__).resolve().parents[2]
 
 
+UNFUSED = dict(decode_qkv=False, decode_residual=False)
+"""The kernel options of the separate launches, a test's reference side (the fused decode launches are on by
+default)."""
+
+
 def _routed(arch="llama", backend="torch", **sizes):
     model = tiny_model(arch, **sizes)
     wide.apply_wide(model, wide.WideConfig(sparsity=0.5, router="lowrank", attn_group_size=2, ffn_group_size=32))
@@ -68,10 +73,11 @@ def test_decode_steps_fuse_and_match_transformers(arch, calls):
     model = _routed(arch)
     assert all(fused_attention.INNER in vars(layer.self_attn) for layer in model.model.layers)
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
-    off = _static_steps(model, ids)
-    assert not calls
-    with use_kernel_options(decode_qkv=True):
-        on = _static_steps(model, ids)
+    with use_kernel_options(**UNFUSED):
+        off = _static_steps(model, ids)
+        assert not calls
+        with use_kernel_options(decode_qkv=True):
+            on = _static_steps(model, ids)
     assert calls == [(3, 1, 64)] * 3 * model.config.num_hidden_layers, "one call per layer and decode step"
     torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(on[1], off[1]):
@@ -79,6 +85,7 @@ def test_decode_steps_fuse_and_match_transformers(arch, calls):
     assert on[2] == off[2] == [6 + 3] * model.config.num_hidden_layers
     set_kernels(model, False)  # the reference path (masked dense compute): the same greedy tokens
     ref = _static_steps(model, ids)
+    assert len(calls) == 3 * model.config.num_hidden_layers, "the reference path runs no fused launch"
     assert torch.equal(ref[0].argmax(-1), off[0].argmax(-1))
 
 
@@ -87,9 +94,10 @@ def test_generate_with_a_static_cache_keeps_the_tokens(calls):
     ids = torch.randint(3, 96, (2, 5), generator=torch.Generator().manual_seed(1))
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, min_new_tokens=5, do_sample=False,
               cache_implementation="static")
-    off = model.generate(ids, **kw)
-    with use_kernel_options(decode_qkv=True):
-        on = model.generate(ids, **kw)
+    with use_kernel_options(**UNFUSED):
+        off = model.generate(ids, **kw)
+        assert not calls
+    on = model.generate(ids, **kw)  # the defaults
     assert len(calls) == 4 * model.config.num_hidden_layers and torch.equal(on, off)
 
 
@@ -119,7 +127,8 @@ def test_triton_interpreter_matches_the_unfused_kernels():
         for arch in ("llama", "qwen2"):
             m = tiny_triton_model(arch)
             ids = torch.randint(3, 96, (1, 5))  # batch 1: the triton launch's
-            off = _static_steps(m, ids, 2)
+            with use_kernel_options(decode_qkv=False):
+                off = _static_steps(m, ids, 2)
             launches = []
             real = decode_qkv._decode_qkv_kernel
             class Spy:
@@ -127,8 +136,7 @@ def test_triton_interpreter_matches_the_unfused_kernels():
                     launches.append(grid)
                     return real[grid]
             decode_qkv._decode_qkv_kernel = Spy()
-            with use_kernel_options(decode_qkv=True):
-                on = _static_steps(m, ids, 2)
+            on = _static_steps(m, ids, 2)  # the defaults
             decode_qkv._decode_qkv_kernel = real
             assert len(launches) == 2 * 2, launches
             torch.testing.assert_close(on[0], off[0], rtol=1e-4, atol=1e-4)
@@ -212,15 +220,16 @@ def test_gpu_bf16_fused_decode_gives_the_unfused_logits_cache_and_tokens(arch, l
         for kind, slot in layer.wide.slots.items():
             layer.wide.forced[kind] = (torch.rand(batch, 1, slot.num_groups, generator=gen) < 0.5).float().cuda()
     try:
-        off = _static_steps(model, ids, 4, feed)
-        with use_kernel_options(decode_qkv=True):
+        with use_kernel_options(**UNFUSED):
+            off = _static_steps(model, ids, 4, feed)
+            tokens_off = wide.generate(model, ids, max_new_tokens=8)
+        with use_kernel_options(decode_qkv=True, decode_residual=False):
             on = _static_steps(model, ids, 4, feed)
         torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)
         for a, b in zip(on[1], off[1]):  # bf16 caches: RoPE rounded once here, per product in eager transformers
             torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
         assert on[2] == off[2]
-        tokens_off = wide.generate(model, ids, max_new_tokens=8)
-        with use_kernel_options(decode_qkv=True):
+        with use_kernel_options(decode_qkv=True, decode_residual=False):
             tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the fused launch captured
         assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 8)
     finally:
@@ -259,9 +268,11 @@ def test_bf16_decode_rounds_rope_as_the_module_does(monkeypatch):
     monkeypatch.setattr(wide.kernels, "decode_qkv", spy)
     model = _routed("qwen2").to(torch.bfloat16)
     ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(3))
-    off = _static_steps(model, ids)
-    with use_kernel_options(decode_qkv=True):
-        on = _static_steps(model, ids)
+    with use_kernel_options(**UNFUSED):
+        off = _static_steps(model, ids)
+        assert not seen
+        with use_kernel_options(decode_qkv=True):
+            on = _static_steps(model, ids)
     assert seen and all(seen)
     assert torch.equal(on[0], off[0]) and all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
     rope = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb

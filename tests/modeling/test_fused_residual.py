@@ -9,8 +9,8 @@ import torch
 import wide
 import wide.kernels
 from tests.conftest import tiny_model
-from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
-                                                 interpreted_options_match)
+from tests.modeling.test_fused_attention import (GPU_LAYOUTS, UNFUSED, _static_steps, assert_same_greedy,
+                                                 gpu_routed, interpreted_options_match)
 from wide.kernels import use_kernel_options
 from wide.modeling import fused_residual
 from wide.modeling.inference import enable_kernels
@@ -42,7 +42,7 @@ def test_decode_steps_add_the_residual_in_the_epilogue(arch, qkv, residuals):
     model = _routed(arch)
     assert all(fused_residual.INNER in vars(layer) for layer in model.model.layers)
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
-    with use_kernel_options(decode_qkv=qkv):
+    with use_kernel_options(decode_qkv=qkv, decode_residual=False):
         off = _static_steps(model, ids)
         assert not residuals
         with use_kernel_options(decode_residual=True):
@@ -70,7 +70,7 @@ def test_prefill_reference_path_and_other_layers_keep_the_adds(residuals):
 def test_triton_interpreter_matches_the_unfused_adds():
     """fp32 tiny Qwen2 through the Triton kernels (CPU interpreter): the residual in gemm_k's epilogue, split-K and
     not, gives the logits of the separate adds."""
-    interpreted_options_match(("qwen2",), (1, 3), {}, dict(decode_residual=True, decode_qkv=True))
+    interpreted_options_match(("qwen2",), (1, 3), UNFUSED, dict(decode_residual=True, decode_qkv=True))
 
 
 @pytest.mark.gpu
@@ -79,11 +79,12 @@ def test_triton_interpreter_matches_the_unfused_adds():
 @pytest.mark.parametrize("batch", [1, 5])
 def test_gpu_bf16_residual_in_the_epilogue_gives_the_unfused_logits(arch, layout, batch):
     model, ids, feed = gpu_routed(arch, layout, batch, seed=6)
-    off = _static_steps(model, ids, 4, feed)
-    with use_kernel_options(decode_residual=True):
+    with use_kernel_options(**UNFUSED):
+        off = _static_steps(model, ids, 4, feed)
+        tokens_off = wide.generate(model, ids, max_new_tokens=8)
+    with use_kernel_options(decode_qkv=False, decode_residual=True):
         on = _static_steps(model, ids, 4, feed)
         tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue adds captured
     # the epilogue adds to the rounded projection: the separate add's bits, so every router decides alike
     torch.testing.assert_close(on[0], off[0], rtol=1e-2, atol=1e-2)
-    tokens_off = wide.generate(model, ids, max_new_tokens=8)
     assert_same_greedy(model, tokens_on, tokens_off, ids.shape[1] + 2)

@@ -9,8 +9,8 @@ import torch
 
 import wide
 import wide.kernels
-from tests.modeling.test_fused_attention import (GPU_LAYOUTS, _static_steps, assert_same_greedy, gpu_routed,
-                                                 interpreted_options_match)
+from tests.modeling.test_fused_attention import (GPU_LAYOUTS, UNFUSED, _static_steps, assert_same_greedy,
+                                                 gpu_routed, interpreted_options_match)
 from tests.modeling.test_fused_residual import _routed
 from wide.kernels import use_kernel_options
 from wide.modeling.layer import WideLayer
@@ -61,12 +61,13 @@ def test_batch1_decode_routes_in_the_epilogues(arch, qkv, counts):
 def test_batches_and_prefill_keep_the_separate_launches(counts):
     model = _routed("llama")
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(2))
-    off = _static_steps(model, ids)
+    with use_kernel_options(**UNFUSED):
+        off = _static_steps(model, ids)
     with use_kernel_options(decode_residual=True, decode_route=True):
         on = _static_steps(model, ids)
     assert counts["route"] == 0, "three rows: the fused epilogue takes batch-1 steps"
     torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
-    with use_kernel_options(decode_route=True):  # without decode_residual the layer's own forward runs
+    with use_kernel_options(decode_residual=False, decode_route=True):  # the layer's own forward runs
         _static_steps(model, ids[:1])
     assert counts["route"] == 0
 
@@ -127,7 +128,8 @@ def test_dense_steps_of_the_routed_model_fuse_too(arch, monkeypatch):
     monkeypatch.setattr(torch, "addmm", addmm)
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(4))
     with runtime_of(model).routing_off():
-        off = _static_steps(model, ids)
+        with use_kernel_options(**UNFUSED):
+            off = _static_steps(model, ids)
         assert calls == {"qkv": 0, "addmm": 0}
         with use_kernel_options(decode_qkv=True, decode_residual=True, decode_route=True):
             on = _static_steps(model, ids)

@@ -40,18 +40,18 @@ class KernelOptions:
     with its router: one `wide.kernels.rms_norm_route` launch writes the norm's output and the decisions, two
     launches a layer fewer (`wide.modeling.normroute`). Off until measured on the H200."""
 
-    decode_qkv: bool = False
+    decode_qkv: bool = True
     """Decode steps over a transformers static cache run each routed layer's q / k / v projections, RoPE and cache
     write as one `wide.kernels.decode_qkv` launch instead of ~10 (`wide.modeling.fused_attention`; Llama / Qwen2
     attention). H200 2026-12-03: Qwen2.5-1.5B with trained routers, batch 1, 1.12x → 1.44x (BENCHMARKS.md). RoPE is
-    rounded as the module's own path would (`wide.kernels.decode_qkv`'s ``eager_rope``). Off until the decode tables
-    are re-measured with it on."""
+    rounded as the module's own path would (`wide.kernels.decode_qkv`'s ``eager_rope``). On by default since
+    2026-12-03 (the decode tables of BENCHMARKS.md are measured with it on)."""
 
-    decode_residual: bool = False
+    decode_residual: bool = True
     """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the
     routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). H200
     2026-12-03, with `decode_qkv`: Qwen2.5-1.5B batch 1 1.44x → 1.51x; its bf16 GPU tests pass since the epilogue
-    rounds the projection first. Off until the decode tables are re-measured with it on in one run."""
+    rounds the projection first. On by default since 2026-12-03, with `decode_qkv`."""
 
     decode_route: bool = False
     """With `decode_residual`, a batch-1 decode step's ``o_proj`` / ``down_proj`` launch also writes the next
