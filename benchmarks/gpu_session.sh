@@ -59,7 +59,8 @@
 #   defaults23    [detached] issue 23's decode rows with the defaults: the 8B shape (b1 / 4 / 16, coherent), then
 #                 (assets: recv 00..25) Qwen2.5-1.5B with the routers in .qwen_routers/ (with --dense-compile),
 #                 SmolLM2-135M with routers fitted here (300 steps, 50% by weight), then issue 22's Qwen WIDE stage
-#                 1 + 2 at Q22_STEPS (default 300) steps each with the full GPU test suite beside it
+#                 1 at Q22_STEPS (default 300) steps without / with the hidden-state term (Q22_HIDDEN, default 4),
+#                 side by side, with the full GPU test suite beside them
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -566,13 +567,17 @@ _defaults23)
   timeout 300 $W bench --model smollm2-135m --checkpoint $sck --fuse-glue --coherent --decode-batch 1 4 16 \
     --dense-compile --json /tmp/res/smol.json > /tmp/res/smol.md 2>&1; echo "smol"; tail -14 /tmp/res/smol.md
   echo BENCH_DONE
-  # issue 22: WIDE's two stages at Q22_STEPS steps each (300: 4.9M tokens per stage, the grid file's budget), nothing timed beside it
+  # issue 22: WIDE stage 1 (distillation, 50% by weight) at Q22_STEPS steps (300: 4.9M tokens, the grid file's budget;
+  # the QUALITY.md rows had 200), without and with the per-layer hidden-state term (Q22_HIDDEN), side by side
   timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench \
     tests/losses tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide --output runs/quality/q22 \
-    --set trainer.max_steps=${Q22_STEPS:-300} > /tmp/res/grid_q22.log 2>&1
-  mkdir -p /tmp/res/q22 && cp runs/quality/q22/results.* /tmp/res/q22/ 2>/dev/null
-  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  q22="--only method=wide__stage=calibrate --set trainer.max_steps=${Q22_STEPS:-300}"
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q22 --output runs/quality/q22_kd > /tmp/res/grid_q22_kd.log 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q22 --output runs/quality/q22_hidden \
+    --set model.init_args.loss.hidden=${Q22_HIDDEN:-4.0} > /tmp/res/grid_q22_hidden.log 2>&1
+  wait
+  for d in q22_kd q22_hidden; do mkdir -p /tmp/res/$d && cp runs/quality/$d/results.* /tmp/res/$d/ 2>/dev/null; done
+  tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   echo DEFAULTS23_DONE
   ;;
 _qwen23)
