@@ -310,7 +310,8 @@ def _decode_qkv_cases(dtype, gen):
         for got, want, name in zip(out, ref, ("q", "k_cache", "v_cache")):
             assert got.shape == want.shape and got.dtype == want.dtype, f"{what} {name}"
             check(got.float(), want.float(), dtype, None, f"{what} {name}")
-        assert torch.equal(out[0] == 0, ref[0] == 0), f"{what}: q's zeros (skipped groups) differ"
+        # whole heads of zeros: the skipped groups (a single element may also cancel to zero in 16 bits)
+        assert torch.equal((out[0] == 0).all(-1), (ref[0] == 0).all(-1)), f"{what}: q's zero heads differ"
         assert out[3].item() == ref[3].item(), f"{what}: position {out[3].item()} != {ref[3].item()}"
 
     shapes = [  # (B, K, Hq, Hk, D, groups, bias, cos rows, position, cache length)

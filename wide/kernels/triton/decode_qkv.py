@@ -160,10 +160,11 @@ MAX_ROWS = 16
 """Rows one launch takes (a decode batch: one 16-row `tl.dot` tile; one row takes the GEMV)."""
 
 
-def _split(units: int, chunks: int) -> int:
-    """Shares of the reduction per head: about two programs per SM of an H100 / H200 in all, a power of two."""
-    want = max(1, 264 // max(units, 1))
-    return max(1, min(triton.next_power_of_2(want) // 2 or 1, triton.next_power_of_2(chunks)))
+def _split(units: int, chunks: int, masked: bool) -> int:
+    """Shares of the reduction per head, a power of two: about 1.5 programs per SM of an H100 / H200 over every q
+    head, 3 when a mask leaves half of them out (2026-12-03 sweep, `benchmarks/decode_qkv_sweep.py`)."""
+    want = max(1, (384 if masked else 192) // max(units, 1))
+    return max(1, min(triton.next_power_of_2(want), triton.next_power_of_2(chunks)))
 
 
 def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
@@ -184,11 +185,11 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     c2, s2 = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)
     q = out if out is not None else torch.empty(B, 1, hq, hd, device=x.device, dtype=x.dtype)
     units = hq + 2 * hk
-    block_k = 64 if hd >= 128 else 128
-    if interpreting():
-        block_k = 32
-    split = _split(units, triton.cdiv(K, block_k))
-    warps = 4
+    # 128-wide chunks, 8 warps (2026-12-03 H200 sweep, µs before -> after: 8B shape every q head 25.0 -> 18.1, half
+    # of them 23.6 -> 14.5; Qwen2.5-1.5B 7.9 -> 6.4 / 5.3 -> 5.4; SmolLM2 4.6 -> 4.6 / 4.9 -> 5.2)
+    block_k = 32 if interpreting() else 128
+    split = _split(units, triton.cdiv(K, block_k), mask is not None)
+    warps = 8
     if config is not None:
         split, block_k, warps = config
     if B > MAX_ROWS:
