@@ -122,42 +122,17 @@ def test_training_mode_is_refused():
         wide.generate(model, torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["separate-launches", "decode_qkv"])
 @pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replayed_loop_gives_the_eager_tokens(coherent):
-    model = _routed("cuda", torch.float32, "triton", num_hidden_layers=3, hidden_size=256, intermediate_size=512,
-                    num_attention_heads=8, num_key_value_heads=2)
-    wide.set_coherent_decode(model, 1 if coherent else None)
-    ids = torch.randint(3, 96, (4, 9), generator=torch.Generator().manual_seed(2)).cuda()
-    eager = wide.generate(model, ids, max_new_tokens=20, graphs=False)
-    replayed = wide.generate(model, ids, max_new_tokens=20, graphs=True)
-    torch.testing.assert_close(replayed, eager)  # the same kernels, issued once and replayed
-
-
-def test_decode_key_lengths_are_reduced_once_per_step(monkeypatch):
-    """Every layer of a decode step gets the same 4D mask: the routed attention reduces it to per-row key
-    lengths in the first layer and the others reuse them (one reduction per step, not one per layer), with
-    the tokens unchanged."""
-    from wide.modeling import attention
-
-    model = _routed()
-    ids = torch.randint(3, 96, (3, 7), generator=torch.Generator().manual_seed(0))
-    calls = []
-    real = attention._count_visible
-    monkeypatch.setattr(attention, "_count_visible", lambda m: calls.append(1) or real(m))
-    got = wide.generate(model, ids, max_new_tokens=5)
-    steps = 4  # the first new token comes from the prefill
-    assert model.config.num_hidden_layers > 1 and len(calls) == steps
-    torch.testing.assert_close(got, _hf_greedy(model, ids, 5, min_new_tokens=5))
-
-
-@pytest.mark.parametrize("coherent", [False, True], ids=["per-token", "coherent"])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_side_stream_attention_routing_gives_the_one_stream_tokens(coherent, monkeypatch):
+def test_side_stream_attention_routing_gives_the_one_stream_tokens(coherent, fused, monkeypatch):
     """Decode steps that decide the attention mask on a side stream while K/V run (the default on CUDA) give
-    the tokens of one stream, eagerly and replayed from a CUDA graph (which captures the fork and join)."""
+    the tokens of one stream, eagerly and replayed from a CUDA graph (which captures the fork and join). With the
+    separate launches K and V run ahead as their own GEMMs; with `decode_qkv` (the default) inside the fused launch,
+    which then computes every q head."""
+    from tests.modeling.test_fused_attention import UNFUSED
+    from wide.kernels import use_kernel_options
     from wide.modeling.inference import EarlyLinear
 
     model = _routed("cuda", torch.float32, "triton", num_hidden_layers=3, hidden_size=256, intermediate_size=512,
@@ -166,12 +141,17 @@ def test_side_stream_attention_routing_gives_the_one_stream_tokens(coherent, mon
     ids = torch.randint(3, 96, (4, 9), generator=torch.Generator().manual_seed(3)).cuda()
     early = []
     real = EarlyLinear.run_early
-    monkeypatch.setattr(EarlyLinear, "run_early", lambda self, x: early.append(1) or real(self, x))
-    overlapped = [wide.generate(model, ids, max_new_tokens=20, graphs=g) for g in (False, True)]
-    assert len(early) >= 2 * 3 * 19  # K and V of every layer ran ahead in the eager decode steps
-    wide.set_overlap_routing(model, False)
-    early.clear()
-    one_stream = wide.generate(model, ids, max_new_tokens=20, graphs=True)
+    # (one entry per early K / V GEMM: whether it belonged to a decode step)
+    monkeypatch.setattr(EarlyLinear, "run_early", lambda self, x: early.append(x.shape[-2] == 1) or real(self, x))
+    with use_kernel_options(**({} if fused else UNFUSED)):
+        overlapped = [wide.generate(model, ids, max_new_tokens=20, graphs=g) for g in (False, True)]
+        if fused:
+            assert not any(early), "a decode step's K and V run inside the fused launch"
+        else:
+            assert sum(early) >= 2 * 3 * 19  # K and V of every layer ran ahead in the eager decode steps
+        wide.set_overlap_routing(model, False)
+        early.clear()
+        one_stream = wide.generate(model, ids, max_new_tokens=20, graphs=True)
     assert not early
     for got in overlapped:
         assert torch.equal(got, one_stream)

@@ -33,6 +33,7 @@ import triton.language as tl
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
 from .common import arrival_counters, capturing, interpreting, sm_count
+from .tiles import mma
 
 LOG2E = 1.4426950408889634
 
@@ -110,20 +111,20 @@ def _prefill_kernel(
         for start in range(0, full, BLOCK_N):
             kpos = start + n
             k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = mma(q, tl.trans(k), None) * qk_scale
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
             m_i = m_new
         # the causal diagonal band and the padded tail
         for start in range(full, hi, BLOCK_N):
             kpos = start + n
             kin = kpos < kv_len
             k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd, mask=kin[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = mma(q, tl.trans(k), None) * qk_scale
             ok = kin[None, :]
             if CAUSAL:
                 ok = ok & (kpos[None, :] <= qpos[:, None])
@@ -134,7 +135,7 @@ def _prefill_kernel(
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd, mask=kin[:, None], other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
             m_i = m_new
         acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     acc = tl.where(act[:, None], acc, 0.0)
@@ -186,14 +187,14 @@ def _decode_split_kernel(
             kpos = s0 + n
             kin = kpos < end
             k = tl.load(k_base + kpos[:, None] * sks + d[None, :] * skd, mask=kin[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = mma(q, tl.trans(k), None) * qk_scale
             s = tl.where(kin[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block has a valid key
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_base + kpos[:, None] * svs + d[None, :] * svd, mask=kin[:, None], other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None])
             m_i = m_new
         slot = (b * HQ + heads) * SPLITS + pid_s
         tl.store(ws_o_ptr + slot.to(tl.int64)[:, None] * HEAD_D + d[None, :], acc, mask=act[:, None])

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .common import arrival_counters, interpreting
+from .tiles import mma
 
 
 @triton.jit
@@ -87,8 +88,8 @@ def _decode_qkv_kernel(
                 a = tl.load(x_ptr + rm64[:, None] * sxm + kk[None, :], mask=run[:, None] & kin[None, :], other=0.0)
                 wl = tl.load(w_base + j[None, :] * K + kk[:, None], mask=kin[:, None], other=0.0)
                 wh = tl.load(w_base + (j + HALF)[None, :] * K + kk[:, None], mask=kin[:, None], other=0.0)
-                acc_lo = tl.dot(a, wl, acc_lo)
-                acc_hi = tl.dot(a, wh, acc_hi)
+                acc_lo = mma(a, wl, acc_lo)
+                acc_hi = mma(a, wh, acc_hi)
 
     if SPLIT > 1:
         # this share's partial to the workspace; the head's last program to arrive sums them in split order

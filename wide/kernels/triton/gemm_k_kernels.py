@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .router import rms_norm_row, router_second_stage
-from .tiles import grouped_tile
+from .tiles import grouped_tile, mma
 
 
 @triton.jit
@@ -192,7 +192,7 @@ def _gemm_k_kernel(
             b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                         mask=nvalid[None, :] & (col_used[:, None] != 0), other=0.0)
             a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use, other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = mma(a, b, acc)
         else:
             use = tl.load(mask_ptr + rm64 * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
             any_use = tl.max(use.to(tl.int32), 0)
@@ -201,14 +201,14 @@ def _gemm_k_kernel(
                             mask=(nvalid[:, None].to(tl.int32) * any_use) != 0, other=0.0)
                 a = tl.load(x_ptr + rm64[None, :] * stride_xm + kk[:, None] * stride_xk,
                             mask=use[None, :], other=0.0)
-                acc_t = tl.dot(b, a, acc_t)
+                acc_t = mma(b, a, acc_t)
             else:
                 b = tl.load(w_ptr + kk[:, None] * stride_wk + rn[None, :] * stride_wn,
                             mask=(nvalid[None, :].to(tl.int32) * any_use) != 0, other=0.0)
                 # rows whose token skips this group are neither loaded nor counted
                 a = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk,
                             mask=use[:, None], other=0.0)
-                acc = tl.dot(a, b, acc)
+                acc = mma(a, b, acc)
     if BLOCK_M == 1:
         acc = tl.expand_dims(tl.sum(part, axis=0), 0)
     elif SWAP:
@@ -262,7 +262,7 @@ def _gemm_k_sorted_kernel(
         else:  # rows whose token skips this group are neither loaded nor counted
             use = tl.load(mask_ptr + row * stride_mm + g * stride_mg, mask=mvalid, other=0) != 0
         a = tl.load(x_ptr + row[:, None] * stride_xm + kk[None, :] * stride_xk, mask=use[:, None], other=0.0)
-        acc = tl.dot(a, b, acc)
+        acc = mma(a, b, acc)
 
     # outputs go back to the tokens' own rows; split-K partials stay in sorted positions
     out_ptrs = out_ptr + row[:, None] * stride_om + rn[None, :] * stride_on

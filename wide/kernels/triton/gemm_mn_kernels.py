@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import grouped_tile
+from .tiles import grouped_tile, mma
 
 
 @triton.jit
@@ -86,13 +86,13 @@ def _gemm_mn_perm_kernel(
                 kin = rk < K - k * BLOCK_K
                 a = tl.load(x_ptrs, mask=active[:, None] & kin[None, :], other=0.0)
                 b = tl.load(w_ptrs, mask=kin[:, None], other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = mma(a, b, acc)
             if SWIGLU:
                 if EVEN_K:
                     b2 = tl.load(w2_ptrs)
                 else:
                     b2 = tl.load(w2_ptrs, mask=kin[:, None], other=0.0)
-                acc2 = tl.dot(a, b2, acc2)
+                acc2 = mma(a, b2, acc2)
                 w2_ptrs += BLOCK_K * stride_w2k
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
@@ -166,9 +166,9 @@ def _gemm_mn_tiles_kernel(
                 a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None], other=0.0)
             else:
                 a = tl.load(x_ptrs + k0 * stride_xk, mask=active[:, None] & (rk[None, :] < K - k0), other=0.0)
-            acc = tl.dot(a, _weight_tile(w_ptr, rn, k0 + rk, stride_wn, stride_wk, K, EVEN_K), acc)
+            acc = mma(a, _weight_tile(w_ptr, rn, k0 + rk, stride_wn, stride_wk, K, EVEN_K), acc)
             if SWIGLU:
-                acc2 = tl.dot(a, _weight_tile(w2_ptr, rn, k0 + rk, stride_w2n, stride_w2k, K, EVEN_K), acc2)
+                acc2 = mma(a, _weight_tile(w2_ptr, rn, k0 + rk, stride_w2n, stride_w2k, K, EVEN_K), acc2)
         acc = _mn_epilogue(acc, acc2, b_ptr, rn, active[:, None], HAS_BIAS, ACT, SWIGLU)
         tl.store(out_ptr + tok[:, None] * stride_om + rn[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
                  mask=(offs < M)[:, None])
@@ -260,13 +260,13 @@ def _gemm_mn_direct_kernel(
                     kin = rk < K - k * BLOCK_K
                     a = tl.load(x_ptrs, mask=mvalid[None, :] & kin[:, None], other=0.0)
                     b = tl.load(w_ptrs, mask=kin[None, :], other=0.0)
-                acc_t = tl.dot(b, a, acc_t)
+                acc_t = mma(b, a, acc_t)
                 if SWIGLU:
                     if EVEN_K:
                         b2 = tl.load(w2_ptrs)
                     else:
                         b2 = tl.load(w2_ptrs, mask=kin[None, :], other=0.0)
-                    acc2_t = tl.dot(b2, a, acc2_t)
+                    acc2_t = mma(b2, a, acc2_t)
                     w2_ptrs += BLOCK_K * stride_w2k
                 x_ptrs += BLOCK_K * stride_xk
                 w_ptrs += BLOCK_K * stride_wk
@@ -284,13 +284,13 @@ def _gemm_mn_direct_kernel(
                     kin = rk < K - k * BLOCK_K
                     a = tl.load(x_ptrs, mask=mvalid[:, None] & kin[None, :], other=0.0)
                     b = tl.load(w_ptrs, mask=kin[:, None], other=0.0)
-                acc = tl.dot(a, b, acc)
+                acc = mma(a, b, acc)
                 if SWIGLU:
                     if EVEN_K:
                         b2 = tl.load(w2_ptrs)
                     else:
                         b2 = tl.load(w2_ptrs, mask=kin[:, None], other=0.0)
-                    acc2 = tl.dot(a, b2, acc2)
+                    acc2 = mma(a, b2, acc2)
                     w2_ptrs += BLOCK_K * stride_w2k
                 x_ptrs += BLOCK_K * stride_xk
                 w_ptrs += BLOCK_K * stride_wk
