@@ -19,9 +19,9 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def mma(a, b, acc):
     """``acc + a @ b`` as ``tl.dot``, in full fp32 when the operands are fp32: Triton's default rounds fp32 operands to
-    TF32 (10-bit mantissa) on Ampere and later, where cuBLAS (torch's default) does not, and a router's margin
-    near zero then decides otherwise than the dense path's (seen 2026-12-03: `wide generate`'s fp32 batch on the
-    H200 gave other greedy tokens than the CPU). 16-bit operands are unchanged."""
+    TF32 (10-bit mantissa) on Ampere and later, where cuBLAS (torch's default) does not: an fp32 model's routed
+    layers would compute less exactly than its dense ones, and a router's margin near zero could decide otherwise.
+    16-bit operands are unchanged."""
     if a.dtype == tl.float32:
         return tl.dot(a, b, acc, input_precision="ieee")
     return tl.dot(a, b, acc)
