@@ -14,7 +14,7 @@ from wide.io.checkpoint import load_trained, read_metadata
 from wide.io.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "ablations" not in p.parts)
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if not {"ablations", "overrides"} & set(p.parts))
 
 
 class ConstRouter(wide.Router):
@@ -181,3 +181,13 @@ def test_checkpoint_refuses_other_model(stage1):
     wide.apply_wide(bigger, read_metadata(stage1)["wide_config"])
     with pytest.raises(ValueError, match="num_hidden_layers"):
         load_trained(bigger, stage1)
+
+
+def test_speed_override_composes_with_a_recipe(tmp_path, tiny_model_dir, tiny_corpus):
+    """recipes/overrides/speed_50.yaml on top of a stage-1 recipe: the fit targets half of the routed weights."""
+    recipe, over = ROOT / "recipes/smollm2-135m/calibrate.yaml", ROOT / "recipes/overrides/speed_50.yaml"
+    assert over.read_text().startswith("#") and "Command:" in over.read_text()
+    main(["fit", "--config", str(recipe), "--config", str(over), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
+          *tiny_routing(recipe.read_text()), "--trainer.fast_dev_run", "1"])
+    cfg = read_metadata(tmp_path / "wide" / "routers.safetensors")["wide_config"]
+    assert cfg.sparsity_measure == "weight" and cfg.sparsity == 0.5 and cfg.router == "lowrank"
