@@ -68,16 +68,23 @@ def _static_steps(model, ids, steps=3, feed=None):
     return torch.stack(logits), kv, [int(layer.cumulative_length) for layer in cache.layers]
 
 
+def unfused_then_fused(model, ids, spied: list, base: dict = UNFUSED, **fused):
+    """Decode steps with the kernel options ``base`` (the separate launches: the spy list ``spied`` stays empty),
+    then with ``fused`` on top of them; returns both `_static_steps` results."""
+    with use_kernel_options(**base):
+        off = _static_steps(model, ids)
+        assert not spied, "the separate launches ran a fused one"
+        with use_kernel_options(**fused):
+            on = _static_steps(model, ids)
+    return off, on
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_decode_steps_fuse_and_match_transformers(arch, calls):
     model = _routed(arch)
     assert all(fused_attention.INNER in vars(layer.self_attn) for layer in model.model.layers)
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
-    with use_kernel_options(**UNFUSED):
-        off = _static_steps(model, ids)
-        assert not calls
-        with use_kernel_options(decode_qkv=True):
-            on = _static_steps(model, ids)
+    off, on = unfused_then_fused(model, ids, calls, decode_qkv=True)
     assert calls == [(3, 1, 64)] * 3 * model.config.num_hidden_layers, "one call per layer and decode step"
     torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(on[1], off[1]):
@@ -268,11 +275,7 @@ def test_bf16_decode_rounds_rope_as_the_module_does(monkeypatch):
     monkeypatch.setattr(wide.kernels, "decode_qkv", spy)
     model = _routed("qwen2").to(torch.bfloat16)
     ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(3))
-    with use_kernel_options(**UNFUSED):
-        off = _static_steps(model, ids)
-        assert not seen
-        with use_kernel_options(decode_qkv=True):
-            on = _static_steps(model, ids)
+    off, on = unfused_then_fused(model, ids, seen, decode_qkv=True)
     assert seen and all(seen)
     assert torch.equal(on[0], off[0]) and all(torch.equal(a, b) for a, b in zip(on[1], off[1]))
     rope = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb

@@ -10,7 +10,7 @@ import wide
 import wide.kernels
 from tests.conftest import tiny_model
 from tests.modeling.test_fused_attention import (GPU_LAYOUTS, UNFUSED, _static_steps, assert_same_greedy,
-                                                 gpu_routed, interpreted_options_match)
+                                                 gpu_routed, interpreted_options_match, unfused_then_fused)
 from wide.kernels import use_kernel_options
 from wide.modeling import fused_residual
 from wide.modeling.inference import enable_kernels
@@ -42,11 +42,8 @@ def test_decode_steps_add_the_residual_in_the_epilogue(arch, qkv, residuals):
     model = _routed(arch)
     assert all(fused_residual.INNER in vars(layer) for layer in model.model.layers)
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(0))
-    with use_kernel_options(decode_qkv=qkv, decode_residual=False):
-        off = _static_steps(model, ids)
-        assert not residuals
-        with use_kernel_options(decode_residual=True):
-            on = _static_steps(model, ids)
+    off, on = unfused_then_fused(model, ids, residuals, dict(decode_qkv=qkv, decode_residual=False),
+                                 decode_residual=True)
     assert residuals == [3] * 2 * 3 * model.config.num_hidden_layers, "o_proj and down_proj of every decode step"
     torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(on[1], off[1]):
