@@ -151,23 +151,31 @@ def test_generate_compare_prints_and_writes_both_sides(exported, tmp_path, capsy
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 def test_generate_on_cuda_with_graphs_gives_the_cpu_completions(exported, tmp_path, capsys, graphs):
-    """(2026-12-03 the graphs case gave another completion for the short prompt on the H200, with the fused decode
-    launches on or off; the eager case tells whether the graphs, with their chunked prefill, are the difference)"""
+    """fp32 `wide generate` on CUDA (Triton kernels, graphs or eager) against CPU (the torch reference): every CUDA
+    token is the CPU model's greedy choice on the CUDA tokens before it, up to a near-tie of the logits. (A random tiny
+    model has near-ties: "a dog"'s third token wins by 9e-5 on CPU, so on 2026-12-03 exact token equality failed
+    there on the H200 when only the kernels' summation order had changed.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     got = {}
+    prompts = ["the cat sat on the mat and", "a dog", "the cat sat on the mat and"]
     for dev in ("cpu", "cuda"):
         js = tmp_path / f"{dev}.json"
-        # fp32 on both sides: the triton kernels against the torch reference, same greedy tokens
-        argv = ["generate", str(exported), "--prompt", "the cat sat on the mat and", "--prompt", "a dog",
-                "--prompt", "the cat sat on the mat and", "--max-new-tokens", "12", "--device", dev,
-                "--dtype", "float32", "--json", str(js)] + ([] if graphs or dev == "cpu" else ["--no-graphs"])
+        argv = ["generate", str(exported), *[a for p in prompts for a in ("--prompt", p)], "--max-new-tokens", "12",
+                "--device", dev, "--dtype", "float32", "--json", str(js)] + ([] if graphs or dev == "cpu" else
+                                                                              ["--no-graphs"])
         assert main(argv) == 0, capsys.readouterr().err
         got[dev] = json.loads(js.read_text())["records"]
-    assert [r["completion"] for r in got["cuda"]] == [r["completion"] for r in got["cpu"]]
-    assert got["cuda"][0]["completion"] == got["cuda"][2]["completion"]  # graphs replayed for a repeated prompt
-    for a, b in zip(got["cuda"], got["cpu"]):
-        assert a["skipped"]["by_weight"] == pytest.approx(b["skipped"]["by_weight"], abs=0.02)
+    assert got["cuda"][0]["tokens"] == got["cuda"][2]["tokens"]  # graphs replayed for a repeated prompt
+    cpu = wide.load(exported, dtype=torch.float32, device="cpu")
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(exported)
+    for rec, ref in zip(got["cuda"], got["cpu"]):
+        ids = tok(rec["prompt"])["input_ids"]
+        with torch.no_grad():
+            logits = cpu(torch.tensor([ids + rec["tokens"]])).logits[0, len(ids) - 1:-1]
+        chosen = logits.gather(-1, torch.tensor(rec["tokens"]).view(-1, 1))[:, 0]
+        assert (logits.max(-1).values - chosen).max() <= 1e-3, (rec["prompt"], rec["tokens"], ref["tokens"])
+        assert rec["skipped"]["by_weight"] == pytest.approx(ref["skipped"]["by_weight"], abs=0.02)
 
 
 def test_generate_needs_an_exported_folder(tiny_model_dir, capsys):

@@ -225,7 +225,7 @@ def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, An
         torch.cuda.synchronize(dev)
     wall = time.perf_counter() - t0
     new = cut_at_stop(y[0, x.shape[1]:].tolist(), stops)
-    return {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new),
+    return {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new), "tokens": new,
             "completion": tok.decode(new, skip_special_tokens=True), "wall_s": wall,
             "tokens_per_s": len(new) / wall if wall > 0 else None,
             "skipped": skipped_share(gen.model, y[:, : x.shape[1] + len(new)])}
