@@ -539,8 +539,8 @@ _route23)
     > /tmp/res/gpu_tests_generate.txt 2>&1; tail -4 /tmp/res/gpu_tests_generate.txt
   V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"; V4="$V2 --kernel-option decode_route=1"
   # the fused q / k / v launch's configs (2026-12-03: 23 µs for the 8B shape's 48 MB, ≈ 2.1 TB/s)
-  timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json > /tmp/res/decode_qkv_sweep.txt 2>&1
-  tail -9 /tmp/res/decode_qkv_sweep.txt
+  [ -n "${ROUTE23_SWEEP:-1}" ] && timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json \
+    > /tmp/res/decode_qkv_sweep.txt 2>&1 && tail -9 /tmp/res/decode_qkv_sweep.txt
   for sh in ${ROUTE23_SHAPES:-smollm2-135m qwen2.5-1.5b llama-8b}; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
       --top 40 $opt > /tmp/res/profile_${sh}_b1_v$v.txt 2>&1; echo "$sh b1 v$v $(tail -1 /tmp/res/profile_${sh}_b1_v$v.txt)"
