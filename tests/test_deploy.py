@@ -154,7 +154,7 @@ def test_generate_on_cuda_with_graphs_gives_the_cpu_completions(exported, tmp_pa
     """fp32 `wide generate` on CUDA (Triton kernels, graphs or eager) against CPU (the torch reference): every CUDA
     token is the CPU model's greedy choice on the CUDA tokens before it, up to a near-tie of the logits. (A random tiny
     model has near-ties: "a dog"'s third token wins by 9e-5 on CPU, so on 2026-12-03 exact token equality failed
-    there on the H200 when only the kernels' summation order had changed.)"""
+    there on the H200 while `tl.dot` rounded fp32 operands to TF32, before `tiles.mma`.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     got = {}
