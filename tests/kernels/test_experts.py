@@ -303,8 +303,9 @@ def test_benchmark_smoke_writes_json(tmp_path):
     import json
 
     rows = json.loads(out.read_text())["rows"]
-    assert [r["part"] for r in rows] == ["ffn", "layout", "down", "gate_up"]
+    assert [r["part"] for r in rows] == ["ffn", "layout", "down", "gate_up", "gemm_k", "gemm_k"]
     assert rows[0]["auto_path"] == "experts" and max(rows[0]["err"].values()) < 1e-4
+    assert all(max(r["err"].values()) < 1e-4 for r in rows[-2:])  # gemm_k: per tile and as experts
 
 
 # ---- GPU: bf16, CUTLASS's grouped GEMM, the 8B shape ----------------------------------------------------------

@@ -16,6 +16,11 @@ offsets there, so nothing is read on the host and the buffers hold ``M * G`` row
 ever touched), the grouped GEMMs
 (``torch._grouped_mm`` where it runs: CUDA bf16 on sm_90+; elsewhere a loop over the groups, which reads the
 counts on the host) and the path choice (`ffn_path`). It imports no Triton.
+
+The same execution serves a reduction-width GEMM alone (`gemm_k`, ``o_proj`` over attention groups of whole KV-head
+units, `KernelOptions.gemm_k_experts`): each pair's row is the token's group columns (`gather_cols_reference`),
+one grouped GEMM against the weight's column groups gives the partial rows (`reduce_gemm`), the same combine sums
+them (`gemm_k_path` picks it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,11 @@ EXPERT_MIN_M = 2048
 # the grouped GEMMs' work scales with the density: from ~1.6x at 50% they break even near 0.8 before the
 # gather and the combine; above this density the per-tile path (whose gemm_k is premask + cuBLAS) runs
 EXPERT_MAX_DENSITY = 0.7
+# a routed reduction-width GEMM alone (`gemm_k`: ``o_proj`` over whole KV-head units, 4 heads of 128 = 512 channels
+# in an 8B layer, 8 groups) may run as experts from this group width (`KernelOptions.gemm_k_experts`): with
+# per-token masks the per-tile path skips no (tile, group) block of the reduction, so at 50% it runs at dense speed;
+# as experts it does half the MMAs, but writes and re-reads one partial row per (token, group) pair
+K_EXPERT_MIN_GROUP = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +199,8 @@ def combine_reference(partial: torch.Tensor, slot: torch.Tensor, out_dtype: torc
     return acc.to(out_dtype)
 
 
-def ffn_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool = True) -> str:
+def ffn_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool = True,
+             min_group: int | None = None) -> str:
     """How a routed FFN call runs: ``"experts"``, ``"tiles"`` (swiglu + gemm_k, the per-tile kernels) or
     ``"dense"`` (cuBLAS, every pair known to run).
 
@@ -198,8 +209,10 @@ def ffn_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool =
         plan: the mask's plan: its density hint, or its measured density (one host read, only when ``eager``).
         eager: host reads allowed (not under CUDA-graph capture).
         enabled: the `KernelOptions.ffn_experts` switch (``False``: the per-tile path, as before).
+        min_group: the narrowest group that runs as experts (default `EXPERT_MIN_GROUP`; `gemm_k_path` passes
+            `K_EXPERT_MIN_GROUP`).
     """
-    if not enabled or width < EXPERT_MIN_GROUP or M < EXPERT_MIN_M:
+    if not enabled or width < (EXPERT_MIN_GROUP if min_group is None else min_group) or M < EXPERT_MIN_M:
         return "tiles"
     if plan.density_hint is not None:
         return "experts" if plan.density_hint <= EXPERT_MAX_DENSITY else "tiles"
@@ -209,6 +222,65 @@ def ffn_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool =
     if density == 1.0:
         return "dense"
     return "experts" if density <= EXPERT_MAX_DENSITY else "tiles"
+
+
+def gemm_k_path(M: int, width: int, plan: RoutingPlan, eager: bool, enabled: bool) -> str:
+    """How a routed reduction-width GEMM (`gemm_k`) runs: ``"experts"`` (`reduce_gemm` + `combine_reference`'s
+    fixed-order sum) or ``"tiles"`` (the per-tile kernels, whose premask path runs cuBLAS on an all-true mask).
+    Arguments as in `ffn_path`; ``enabled``: `KernelOptions.gemm_k_experts`."""
+    path = ffn_path(M, width, plan, eager, enabled, min_group=K_EXPERT_MIN_GROUP)
+    return "experts" if path == "experts" else "tiles"
+
+
+def gather_cols_reference(x2: torch.Tensor, layout: ExpertLayout, width: int) -> torch.Tensor:
+    """``[R, width]``: grouped row ``r`` of group ``g`` holds ``x2[rows[r], g * width:(g + 1) * width]`` (the Triton
+    kernel's twin, `wide.kernels.triton.experts.gather_cols`); rows past ``ends[-1]`` hold the last group's columns
+    of some token (never read)."""
+    M, K = x2.shape
+    G = layout.slot.shape[1]
+    R = layout.rows.shape[0]
+    r = torch.arange(R, device=x2.device, dtype=layout.ends.dtype)
+    g = torch.bucketize(r, layout.ends, right=True).clamp_max(G - 1)
+    t = layout.rows.long().clamp(0, max(M - 1, 0))  # rows past the pairs may hold anything (a Triton layout)
+    return x2.reshape(M, G, width)[t, g.long()]
+
+
+def reduce_gemm(x2: torch.Tensor, weight: torch.Tensor, layout: ExpertLayout, gmm: str, partial_dtype: torch.dtype,
+                gather_cols=None) -> torch.Tensor:
+    """A reduction-width GEMM ``[M, K] x [N, K]^T`` over ``G`` column groups as experts: ``partial [R, N]``, row
+    ``r`` of group ``g`` = ``x2[t, cols_g] @ W[:, cols_g]^T`` for its token ``t``; `combine` sums a token's rows.
+
+    Args:
+        x2: ``[M, K]``; weight: ``[N, K]``; layout: `expert_layout` of the ``[M, G]`` mask.
+        gmm, partial_dtype: as in `expert_gemms`.
+        gather_cols: ``(x2, layout, width) -> [R, width]`` (default `gather_cols_reference`; the triton backend
+            copies only the pairs' rows).
+    """
+    N, K = weight.shape
+    G = layout.slot.shape[1]
+    width = K // G
+    if gmm == "grouped":
+        if partial_dtype != x2.dtype:
+            raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+        xg = (gather_cols or gather_cols_reference)(x2, layout, width)  # [R, width]
+        # a strided view of the weight's column groups, no copy: [G, width, N]
+        return torch._grouped_mm(xg, weight.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
+    if gmm != "loop":
+        raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
+    if layout.counts is None:
+        raise ValueError("gmm='loop' needs the per-group counts on the host (an eager layout)")
+    partial = torch.empty(layout.capacity, N, device=x2.device, dtype=partial_dtype)
+    start = 0
+    for g, c in enumerate(layout.counts):
+        if c:
+            cols = slice(g * width, (g + 1) * width)
+            xs = x2.index_select(0, layout.rows[start:start + c])[:, cols]
+            w = weight[:, cols]
+            if partial_dtype != xs.dtype:
+                xs, w = xs.to(partial_dtype), w.to(partial_dtype)
+            partial[start:start + c] = F.linear(xs, w)
+        start += c
+    return partial
 
 
 def ffn_dense(x2, gate, up, down, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,6 +35,12 @@ class KernelOptions:
     (8B shape, 50%, 2026-12-02, benchmarks/results/2026-12-02b-h200): FFN groups of 2048 1.50x / 1.53x at 4k / 16k
     prefill against 1.38x / 1.44x per tile; 1024 1.40x / 1.49x against 1.39x / 1.43x; 0% 0.98x / 0.99x."""
 
+    gemm_k_experts: bool = False
+    """Prefill-sized routed reduction-width GEMMs (`gemm_k`: ``o_proj`` with attention groups of whole KV-head
+    units, >= 512 channels) run as experts: each pair's columns gathered, one grouped GEMM over the weight's column
+    groups, the fixed-order combine (`wide.kernels.triton.experts.gemm_k_experts`); ``False`` keeps the per-tile
+    path (at 50% with per-token masks it skips no block: dense speed). Off until measured on the H200."""
+
     decode_norm_route: bool = False
     """Decode steps (at most 64 rows) with per-token routing fuse each routed layer's RMSNorm (Llama / Qwen form)
     with its router: one `wide.kernels.rms_norm_route` launch writes the norm's output and the decisions, two

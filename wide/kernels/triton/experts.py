@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 
 from .. import dispatch
-from ..experts import ExpertLayout, expert_gemms, expert_layout, ffn_dense, ffn_path, grouped_mm_runs
+from ..experts import (ExpertLayout, expert_gemms, expert_layout, ffn_dense, ffn_path, gemm_k_path, grouped_mm_runs,
+                       reduce_gemm)
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
 from .common import capturing, interpreting, programs, rows_and_out
@@ -140,6 +141,24 @@ def _gather_rows_kernel(x_ptr, rows_ptr, ends_ptr, out_ptr, K, G, sxm, som,
 
 
 @triton.jit
+def _gather_cols_kernel(x_ptr, rows_ptr, ends_ptr, out_ptr, W, G, sxm, som,
+                        BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_G: tl.constexpr):
+    total = tl.load(ends_ptr + G - 1)
+    gi = tl.arange(0, BLOCK_G)
+    e = tl.load(ends_ptr + gi, mask=gi < G, other=2147483647)  # the group ends, once per program
+    n_w = tl.cdiv(W, BLOCK_W)
+    for w in range(tl.program_id(0), tl.cdiv(total, BLOCK_R) * n_w, tl.num_programs(0)):
+        r = (w // n_w) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = (w % n_w) * BLOCK_W + tl.arange(0, BLOCK_W)
+        live = r < total
+        t = tl.load(rows_ptr + r, mask=live, other=0)
+        g = tl.sum((e[None, :] <= r[:, None]).to(tl.int32), axis=1)  # the group holding row r
+        m = live[:, None] & (c < W)[None, :]
+        v = tl.load(x_ptr + t.to(tl.int64)[:, None] * sxm + (g * W)[:, None] + c[None, :], mask=m)
+        tl.store(out_ptr + r.to(tl.int64)[:, None] * som + c[None, :], v, mask=m)
+
+
+@triton.jit
 def _swiglu_rows_kernel(g_ptr, u_ptr, ends_ptr, W, G, sg, su, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
     total = tl.load(ends_ptr + G - 1)
     n_w = tl.cdiv(W, BLOCK_W)
@@ -175,6 +194,21 @@ def gather_rows(x2: torch.Tensor, layout: ExpertLayout, out: torch.Tensor | None
     _gather_rows_kernel[_grid(x2.device, R, br, K, bk)](
         x2, layout.rows, layout.ends, out, K, layout.ends.shape[0], x2.stride(0), out.stride(0),
         BLOCK_R=br, BLOCK_K=bk, num_warps=4)
+    return out
+
+
+def gather_cols(x2: torch.Tensor, layout: ExpertLayout, width: int) -> torch.Tensor:
+    """``[R, width]``: the pairs' rows of `gather_cols_reference` (row ``r`` of group ``g``: its token's columns
+    ``g * width .. (g + 1) * width``), their count read on the device; rows past the pairs are left unwritten."""
+    R = layout.rows.shape[0]
+    out = x2.new_empty(R, width)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    G = layout.ends.shape[0]
+    br, bw = _tiles(16, 32, 32, 256)
+    _gather_cols_kernel[_grid(x2.device, R, br, width, bw)](
+        x2, layout.rows, layout.ends, out, width, G, x2.stride(0), out.stride(0),
+        BLOCK_R=br, BLOCK_W=bw, BLOCK_G=max(2, triton.next_power_of_2(G)), num_warps=4)
     return out
 
 
@@ -245,3 +279,54 @@ def ffn_experts(x, gate, up, down, mask, plan: RoutingPlan | None, out, path: st
     combine(partial, layout.slot, out2)
     return out
 
+
+
+def use_gemm_k_experts(x, weight, mask, plan: RoutingPlan, options: KernelOptions | None = None) -> bool:
+    """Whether the triton `gemm_k` of this call runs as experts (`gemm_k_path`; under CUDA-graph capture only where
+    ``torch._grouped_mm`` runs, since the loop reads the counts on the host)."""
+    options = options or kernel_options()
+    if not options.gemm_k_experts:
+        return False
+    N, K = weight.shape
+    G = mask.shape[-1]
+    M = x.numel() // K
+    eager = not capturing(x)
+    if gemm_k_path(M, K // G, plan, eager, True) != "experts":
+        return False
+    return eager or grouped_mm_runs(x, K // G, N)[0]
+
+
+def gemm_k_experts(x, weight, mask, bias, plan: RoutingPlan | None, out, residual=None, gmm: str | None = None,
+                   partial_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Routed reduction-width GEMM ``(x * mask expanded) @ weight^T (+ bias) (+ residual)`` as experts:
+    `build_layout` -> `gather_cols` -> one grouped GEMM over the weight's column groups -> `combine` (fixed group
+    order, fp32), then the bias and the residual added to the rounded sum.
+
+    Args:
+        x: ``[..., K]``; weight: ``[N, K]``; mask: ``[..., G]`` bool; bias: ``[N]`` or ``None``.
+        plan: the mask's plan or ``None``; out: ``[..., N]`` or ``None``; residual: ``[..., N]`` or ``None``.
+        gmm, partial_dtype: as in `ffn_experts`.
+    """
+    if gmm not in (None, "grouped", "loop"):
+        raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
+    N, K = weight.shape
+    G = mask.shape[-1]
+    x2, out = rows_and_out(x, N, out)
+    if x2.shape[0] == 0:
+        return out
+    plan = plan_for(mask, plan)
+    out2 = out.view(-1, N)
+    partial_dtype = partial_dtype or x.dtype
+    if gmm is None:
+        gmm = "grouped" if partial_dtype == x.dtype and grouped_mm_runs(x, K // G, N)[0] else "loop"
+    dispatch._log_once(logging.INFO, "gemm_k_experts", "triton", f"experts path ({gmm}), {G} groups of {K // G}")
+    layout = layout_for(plan, read_counts=gmm == "loop")
+    if layout.capacity == 0:
+        out2.zero_()
+    else:
+        combine(reduce_gemm(x2, weight, layout, gmm, partial_dtype, gather_cols=gather_cols), layout.slot, out2)
+    if bias is not None:
+        out2.add_(bias)
+    if residual is not None:
+        out2.add_(residual.reshape(-1, N))
+    return out

@@ -124,6 +124,12 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
     if M == 0:
         return out
     plan = plan_for(mask, plan)
+    if config is None:
+        from . import experts as ex_host  # (imports this module)
+
+        if ex_host.use_gemm_k_experts(x, weight, mask, plan, options):
+            # wide groups (o_proj over whole KV-head units) at prefill: `KernelOptions.gemm_k_experts`
+            return ex_host.gemm_k_experts(x, weight, mask, bias, plan, out, residual)
     cfg = config if config is not None else for_element_size(default_k_config(M, N, K, K // ng, options),
                                                              x.element_size())
     if config is None and cfg.variant == "premask" and M >= K_SORTED_MIN_M and not capturing(x):
