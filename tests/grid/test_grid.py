@@ -100,6 +100,10 @@ def test_tiny_2x2_grid_tables_plots_and_resume(tmp_path, tiny_model_dir, tiny_co
     io = capsys.readouterr()
     assert io.err.count("[skip]") == 4 and "fit calibrate" not in io.err and "| method | target |" in io.out
     assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("cells/*/result.json")}
+    assert grid_main([str(path), "--dry-run"]) == 0  # the listing says which cells a run would skip
+    listing = capsys.readouterr().out
+    assert "4 cells, output" in listing and "(4 finished: a run skips them)" in listing
+    assert listing.count(" (finished)\n") == 4
 
     # a changed eval setting re-evaluates every cell but reuses the finished fits
     again = run_grid(str(path), launcher="inprocess", overrides={"eval.limit": 1}, only=["wide__target=0.5"])

@@ -104,7 +104,7 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="local: CUDA devices for the workers, round-robin, e.g. 0,1 (default: inherit CUDA_VISIBLE_DEVICES)")
     p.add_argument("--force", action="store_true", help="re-run finished cells and fits")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed cell")
-    p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and their commands (and which are finished), run nothing")
     p.add_argument("--collect", action="store_true", help="only rebuild results.csv/md and plots from finished cells")
     p.add_argument("--verbose", action="store_true", help="echo the fit/eval output (always kept in the cells' .log files)")
     args = p.parse_args(argv)
@@ -145,9 +145,10 @@ def _dry_run(spec: GridSpec, only: Sequence[str] = ()) -> None:
 
     runner = GridRunner(spec)
     cells = [c for c in spec.cells() if not only or any(s in c.name for s in only)]  # as the run filters them
-    print(f"{len(cells)} cells, output {spec.output}")
+    done = {c.name for c in cells if runner.finished(c)}
+    print(f"{len(cells)} cells, output {spec.output}" + (f" ({len(done)} finished: a run skips them)" if done else ""))
     for cell in cells:
-        print(f"\n{cell.name}")
+        print(f"\n{cell.name}" + (" (finished)" if cell.name in done else ""))
         ckpt, alpha = None, None
         if cell.fits:
             if cell.calibrates:

@@ -173,6 +173,12 @@ class GridRunner:
                           "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
                           "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
 
+    def finished(self, cell: Cell) -> bool:
+        """Whether ``cell`` has a finished result with today's settings (a run skips it unless ``force``): its
+        ``result.json`` says done under the same `cell_signature` (settings, eval, base recipes' text)."""
+        prev = read_json(self.out / "cells" / cell.name / "result.json")
+        return bool(prev) and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell)
+
     def run_cell(self, cell: Cell, prefix: str, eval_cache: dict[str, Path]) -> dict[str, Any]:
         cell_dir = self.out / "cells" / cell.name
         cell_dir.mkdir(parents=True, exist_ok=True)
@@ -270,7 +276,7 @@ class GridRunner:
             prev_eval = self.out / "cells" / cell.name / "eval" / "results.json"
             if not self.force and prev and prev.get("eval_signature") and prev_eval.is_file():
                 plan.eval_cache.setdefault(prev["eval_signature"], prev_eval)
-            if not self.force and prev and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell):
+            if not self.force and self.finished(cell):
                 plan.skipped.append(cell.name)
             else:
                 if prev and prev.get("signature") != self.cell_signature(cell):
