@@ -80,7 +80,9 @@
 #                 QF_TIME s (QF_ONLY picks cells); commit the cells it brings back (assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
-# after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way).
+# after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
+# while held (2026-12-04: a call seconds after the last found a cold machine, the 10M-token fit gone at step ~180):
+# prefer stages that finish in ~10 min or pick up where they stopped (grids restore committed cells: restore_cells).
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
 # Make it here with `bash benchmarks/gpu_session.sh wheels` (pip download, no network needed there).
