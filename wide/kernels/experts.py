@@ -157,9 +157,7 @@ def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dty
     N = down.shape[0]
     G = layout.slot.shape[1]
     width = F_ // G
-    if gmm == "grouped":
-        if partial_dtype != x2.dtype:
-            raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+    if _grouped(gmm, partial_dtype, x2):
         xg = gather(x2, layout) if gather is not None else x2.index_select(0, layout.rows)  # [R, K]
         # strided views, no weight copies: [G, K, width] of gate/up, [G, width, N] of down's column groups
         h = torch._grouped_mm(xg, gate.view(G, width, K).transpose(1, 2), offs=layout.ends)
@@ -168,18 +166,34 @@ def expert_gemms(x2, gate, up, down, layout: ExpertLayout, gmm: str, partial_dty
         h = swiglu(h, u, layout) if swiglu is not None else F.silu(h, inplace=True).mul_(u)
         del u
         return torch._grouped_mm(h, down.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
+    return _loop_partials(x2, layout, N, width, partial_dtype,
+                          lambda xs, cols: (F.silu(F.linear(xs, gate[cols])) * F.linear(xs, up[cols]), down[:, cols]))
+
+
+def _grouped(gmm: str, partial_dtype: torch.dtype, x2: torch.Tensor) -> bool:
+    """Whether ``gmm`` is the grouped GEMM (``False``: the loop); errors name a bad ``gmm`` or a ``partial_dtype``
+    the grouped GEMM cannot write."""
+    if gmm == "grouped":
+        if partial_dtype != x2.dtype:
+            raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+        return True
     if gmm != "loop":
         raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
+    return False
+
+
+def _loop_partials(x2: torch.Tensor, layout: ExpertLayout, n_out: int, width: int, partial_dtype: torch.dtype,
+                   operands) -> torch.Tensor:
+    """The grouped GEMMs' fallback, a GEMM per group (reads ``layout.counts``): ``operands(xs, cols) -> (h, w)``
+    from the group's token rows ``xs`` of x2 and its channel slice ``cols``; the group's partial rows are
+    ``h @ w^T`` in ``partial_dtype`` (``[R, n_out]``, rows past the pairs never written)."""
     if layout.counts is None:
         raise ValueError("gmm='loop' needs the per-group counts on the host (an eager layout)")
-    partial = torch.empty(layout.capacity, N, device=x2.device, dtype=partial_dtype)
+    partial = torch.empty(layout.capacity, n_out, device=x2.device, dtype=partial_dtype)
     start = 0
     for g, c in enumerate(layout.counts):
         if c:
-            cols = slice(g * width, (g + 1) * width)
-            xs = x2.index_select(0, layout.rows[start:start + c])
-            h = F.silu(F.linear(xs, gate[cols])) * F.linear(xs, up[cols])
-            w = down[:, cols]
+            h, w = operands(x2.index_select(0, layout.rows[start:start + c]), slice(g * width, (g + 1) * width))
             if partial_dtype != h.dtype:
                 h, w = h.to(partial_dtype), w.to(partial_dtype)
             partial[start:start + c] = F.linear(h, w)
@@ -259,28 +273,11 @@ def reduce_gemm(x2: torch.Tensor, weight: torch.Tensor, layout: ExpertLayout, gm
     N, K = weight.shape
     G = layout.slot.shape[1]
     width = K // G
-    if gmm == "grouped":
-        if partial_dtype != x2.dtype:
-            raise ValueError(f"partial_dtype: the grouped GEMM writes {x2.dtype}; {partial_dtype} needs gmm='loop'")
+    if _grouped(gmm, partial_dtype, x2):
         xg = (gather_cols or gather_cols_reference)(x2, layout, width)  # [R, width]
         # a strided view of the weight's column groups, no copy: [G, width, N]
         return torch._grouped_mm(xg, weight.view(N, G, width).permute(1, 2, 0), offs=layout.ends)
-    if gmm != "loop":
-        raise ValueError(f"gmm: 'grouped' or 'loop', got {gmm!r}")
-    if layout.counts is None:
-        raise ValueError("gmm='loop' needs the per-group counts on the host (an eager layout)")
-    partial = torch.empty(layout.capacity, N, device=x2.device, dtype=partial_dtype)
-    start = 0
-    for g, c in enumerate(layout.counts):
-        if c:
-            cols = slice(g * width, (g + 1) * width)
-            xs = x2.index_select(0, layout.rows[start:start + c])[:, cols]
-            w = weight[:, cols]
-            if partial_dtype != xs.dtype:
-                xs, w = xs.to(partial_dtype), w.to(partial_dtype)
-            partial[start:start + c] = F.linear(xs, w)
-        start += c
-    return partial
+    return _loop_partials(x2, layout, N, width, partial_dtype, lambda xs, cols: (xs[:, cols], weight[:, cols]))
 
 
 def ffn_dense(x2, gate, up, down, out: torch.Tensor | None = None) -> torch.Tensor:
