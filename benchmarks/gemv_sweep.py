@@ -32,7 +32,11 @@ K_CANDIDATES = [C(1, bn, 128, w, st, split_k=sp, variant=v) for v in ("local", "
                                         (32, 8, 4, 4), (32, 2, 4, 4), (32, 4, 6, 4), (16, 2, 4, 8), (64, 8, 3, 4),
                                         # more programs in flight (2026-12-03: o_proj / down at ~2 / ~3 TB/s)
                                         (32, 8, 4, 8), (64, 8, 4, 8), (16, 8, 4, 8), (32, 8, 4, 16), (64, 8, 4, 16),
-                                        (128, 8, 3, 8))]
+                                        (128, 8, 3, 8),
+                                        # no split-K (2026-12-04): narrow N tiles, no workspace, no arrival atomic
+                                        # and no last-program sum (o_proj at 50% reads one 512 group per split)
+                                        (8, 4, 4, 1), (8, 8, 4, 1), (16, 4, 4, 1), (16, 8, 4, 1), (32, 8, 4, 1),
+                                        (8, 4, 6, 1), (16, 4, 4, 2))]
 MN_CANDIDATES = [("direct", C(1, bn, bk, w, st)) for (bn, bk, w, st) in
                  ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 4, 4), (32, 256, 4, 4), (8, 256, 4, 4), (8, 512, 8, 4),
                   (4, 512, 4, 4), (8, 1024, 4, 3), (16, 512, 8, 3), (8, 512, 2, 6))]

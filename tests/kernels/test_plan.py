@@ -272,11 +272,12 @@ def test_near_dense_decode_gemm_k_builds_no_group_list(monkeypatch, hint, listed
 
 @pytest.mark.parametrize("M", [1, 5, 16, 19])
 @pytest.mark.parametrize("fill", ["none", "all", "random"])
-@pytest.mark.parametrize("split", [1, 3])
-def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split):
+@pytest.mark.parametrize("split, block_n", [(1, 16), (3, 16), (1, 8)])
+def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split, block_n):
     """The "local" gemm_k variant (each program compacts its tile's needed groups itself, no plan list, no
-    launch before it) equals the reference for masks with no, every or some groups on, with split-K, over a
-    group count that is not a power of two."""
+    launch before it) equals the reference for masks with no, every or some groups on, with split-K and without
+    (narrow N tiles: the GEMV sweep's split-1 candidates), over a group count that is not a power of two and an N
+    that is no multiple of 16."""
     from wide import kernels
     from wide.kernels.triton.common import GemmConfig
 
@@ -285,10 +286,10 @@ def test_tile_group_list_gemm_k_matches_reference(monkeypatch, M, fill, split):
     monkeypatch.setattr(RoutingPlan, "group_list", lambda self: built.append(1) or real(self))
     g = torch.Generator().manual_seed(M * 10 + split)
     ng, group = 7, 16
-    x, w = torch.randn(M, ng * group, generator=g), torch.randn(40, ng * group, generator=g)
+    x, w = torch.randn(M, ng * group, generator=g), torch.randn(44, ng * group, generator=g)
     mask = {"none": torch.zeros(M, ng, dtype=torch.bool), "all": torch.ones(M, ng, dtype=torch.bool),
             "random": torch.rand(M, ng, generator=g) < 0.4}[fill]
-    cfg = GemmConfig(1 if M == 1 else 16, 16, 16, split_k=split, variant="local")
+    cfg = GemmConfig(1 if M == 1 else 16, block_n, 16, split_k=split, variant="local")
     from wide.kernels import get_backend
 
     out = get_backend("triton").gemm_k(x, w, mask, config=cfg)
