@@ -173,10 +173,11 @@ class GridRunner:
                           "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
                           "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
 
-    def finished(self, cell: Cell) -> bool:
+    def finished(self, cell: Cell, prev: Optional[dict[str, Any]] = None) -> bool:
         """Whether ``cell`` has a finished result with today's settings (a run skips it unless ``force``): its
-        ``result.json`` says done under the same `cell_signature` (settings, eval, base recipes' text)."""
-        prev = read_json(self.out / "cells" / cell.name / "result.json")
+        ``result.json`` (``prev`` when already read) says done under the same `cell_signature` (settings, eval,
+        base recipes' text)."""
+        prev = read_json(self.out / "cells" / cell.name / "result.json") if prev is None else prev
         return bool(prev) and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell)
 
     def run_cell(self, cell: Cell, prefix: str, eval_cache: dict[str, Path]) -> dict[str, Any]:
@@ -276,7 +277,7 @@ class GridRunner:
             prev_eval = self.out / "cells" / cell.name / "eval" / "results.json"
             if not self.force and prev and prev.get("eval_signature") and prev_eval.is_file():
                 plan.eval_cache.setdefault(prev["eval_signature"], prev_eval)
-            if not self.force and self.finished(cell):
+            if not self.force and self.finished(cell, prev):
                 plan.skipped.append(cell.name)
             else:
                 if prev and prev.get("signature") != self.cell_signature(cell):
