@@ -63,7 +63,7 @@
 #                 side by side, with the full GPU test suite beside them
 #   q22           [detached] issue 22's Qwen WIDE stage-1 fits of defaults23 alone (without / with the hidden-state
 #                 term), the full GPU test suite beside them (assets: recv 00..25 first)
-#   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (no assets)
+#   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (GEMV_M=1: batch 1 only; no assets)
 #   qlong         [detached] issue 22's Qwen WIDE stage 1 (distillation, 50% by weight) at QLONG_STEPS (default 610 = 10M
 #                 tokens; QLONG_ONLY=method=wide: both stages), the full GPU suite beside it, then wide bench with its
 #                 routers (the fit waits up to 5 min for the asset chunks: start it with recv 00, then recv 01..25)
@@ -626,8 +626,9 @@ _q22)
   ;;
 _gemv)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
-  timeout 300 python3 benchmarks/gemv_sweep.py > /tmp/res/gemv_sweep_b1.txt 2>&1; tail -40 /tmp/res/gemv_sweep_b1.txt
-  timeout 300 python3 benchmarks/gemv_sweep.py --m 16 > /tmp/res/gemv_sweep_b16.txt 2>&1; tail -40 /tmp/res/gemv_sweep_b16.txt
+  for m in ${GEMV_M:-1 16}; do  # GEMV_M=1: the batch-1 sweep only
+    timeout 300 python3 benchmarks/gemv_sweep.py --m $m > /tmp/res/gemv_sweep_b$m.txt 2>&1; tail -40 /tmp/res/gemv_sweep_b$m.txt
+  done
   echo GEMV_DONE
   ;;
 _qlong)
