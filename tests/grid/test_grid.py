@@ -336,3 +336,28 @@ def test_one_worker_on_a_named_device_runs_its_commands_there(tmp_path, tiny_mod
     monkeypatch.setattr(GridRunner, "_run_parallel", fake_parallel)
     grid_main([str(path), "--devices", "1"])
     assert seen == [(1, ["1"], 2)]
+
+
+def test_only_patterns_match_whole_values(tmp_path):
+    """``--only ffn_group=896`` ran ffn_group=8960 too on the H200 (2026-12-04): a trailing axis=value now matches
+    the whole value, a leading one the whole part; other patterns stay substrings."""
+    from wide.grid.runner import GridRunner
+    from wide.grid.spec import select_cells
+
+    abl = ROOT / "recipes" / "ablations"
+    groups = load_grid(abl / "ffn_groups_qwen2.5-1.5b.yaml", output=tmp_path / "g")
+    names = lambda spec, *only: [c.name for c in select_cells(spec.cells(), list(only))]  # noqa: E731
+    assert names(groups, "ffn_group=896") == ["ffn_group=896"]
+    assert names(groups, "ffn_group=64", "ffn_group=128") == ["ffn_group=64", "ffn_group=128"]
+    assert names(groups, "group=896") == []  # an axis=value part is a whole part of the name
+    assert names(groups, "896") == ["ffn_group=896", "ffn_group=8960"]  # no axis=value: a plain substring
+    assert len(names(groups)) == len(groups.cells())
+    frontier = load_grid(abl / "frontier_qwen2.5-1.5b.yaml", output=tmp_path / "f")
+    assert names(frontier, "method=wide") == [f"method=wide__target={t}" for t in ("0.25", "0.4", "0.5", "0.6")]
+    assert len(names(frontier, "wide")) == 8 and len(names(frontier, "method=wide__")) == 4
+    assert names(frontier, "wide__target=0.5") == ["method=wide__target=0.5"]  # a substring ending in a whole value
+    assert len(names(frontier, "target=0.5")) == len(names(frontier, "__target=0.5")) == 6
+    assert names(frontier, "method=depth__target=0.4") == ["method=depth__target=0.4"]
+    assert names(frontier, "target=0.") == []  # a value is matched whole
+    plan = GridRunner(groups, only=["ffn_group=896"]).plan()  # the run and --dry-run filter the same way
+    assert [c.name for c in plan.cells] == ["ffn_group=896"]

@@ -86,7 +86,9 @@ def grid_main(argv: Optional[Sequence[str]] = None) -> int:
                         "or resources.gpus/cpus), applied before the axes (an axis setting the same key wins); repeatable")
     p.add_argument("--launcher", default="subprocess", choices=["subprocess", "inprocess"],
                    help="run each fit/eval in a fresh process (default) or in this one")
-    p.add_argument("--only", action="append", default=[], metavar="SUBSTRING", help="run only matching cells (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                   help="run only matching cells (repeatable): part of a cell name; a trailing axis=value matches the "
+                        "whole value (ffn_group=896 is not ffn_group=8960)")
     p.add_argument("--executor", default=None, choices=EXECUTORS,
                    help="local: this machine's worker threads (--jobs, --devices; the default); ray: each cell a Ray "
                         "task on a local Ray instance, or on the cluster of --ray-address or RAY_ADDRESS "
@@ -142,9 +144,10 @@ def _dry_run(spec: GridSpec, only: Sequence[str] = ()) -> None:
 
     from wide.grid.commands import eval_argv, fit_argv, lora_alpha
     from wide.grid.runner import GridRunner
+    from wide.grid.spec import select_cells
 
     runner = GridRunner(spec)
-    cells = [c for c in spec.cells() if not only or any(s in c.name for s in only)]  # as the run filters them
+    cells = select_cells(spec.cells(), list(only))  # as the run filters them
     done = {c.name for c in cells if runner.finished(c)}
     print(f"{len(cells)} cells, output {spec.output}" + (f" ({len(done)} finished: a run skips them)" if done else ""))
     for cell in cells:

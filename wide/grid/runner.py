@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from wide.grid.commands import eval_argv, fit_argv, lora_alpha, model_name
 from wide.grid.files import duration, read_json, write_json
-from wide.grid.spec import Cell, GridSpec, routing_dict, signature
+from wide.grid.spec import Cell, GridSpec, routing_dict, select_cells, signature
 
 FORMAT = "wide-grid/1"
 LAUNCHERS = ("subprocess", "inprocess")
@@ -41,7 +41,7 @@ class GridRunner:
             leaks) or ``inprocess`` (the same CLIs called in this process; faster to start, for tests).
         force: Re-run finished cells and fits.
         fail_fast: Stop at the first failed cell (default: record the failure and go on).
-        only: Run only cells whose name contains one of these substrings.
+        only: Run only the cells one of these patterns picks (`wide.grid.spec.select_cells`).
         verbose: Echo the commands' output (it always goes to the cell's ``*.log`` files).
         jobs: Cells run at once (subprocess launcher). Cells that share a stage-1 fit, or that evaluate the
             same untrained model, stay in order in one worker, so nothing is computed twice.
@@ -264,9 +264,7 @@ class GridRunner:
     # -------------------------------------------------------------------------------- one grid run
     def plan(self) -> "Plan":
         """Writes ``grid.json`` and sorts the selected cells into finished (skipped) and to run."""
-        cells = self.spec.cells()
-        if self.only:
-            cells = [c for c in cells if any(s in c.name for s in self.only)]
+        cells = select_cells(self.spec.cells(), self.only)
         self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / "grid.json", {"format": FORMAT, "grid": str(self.spec.path), "spec": self.spec.raw,
                                             "overrides": self.spec.overrides, "eval": self.spec.eval,

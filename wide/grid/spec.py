@@ -176,6 +176,22 @@ class GridSpec:
         return path.read_text() if path is not None else ""
 
 
+def select_cells(cells: list[Cell], only: list[str] | tuple[str, ...] = ()) -> list[Cell]:
+    """The cells ``--only`` picks: each pattern is a piece of a cell's name (``axis=value`` parts joined by ``__``).
+    A pattern whose last part is an ``axis=value`` must end where the value ends, and one whose first part is must start
+    where that part starts, so ``ffn_group=896`` is not ``ffn_group=8960`` and ``method=wide`` not
+    ``method=wide_distill``; any other pattern matches as a plain substring (``wide``: both). No patterns: all cells."""
+    if not only:
+        return list(cells)
+    regexes = []
+    for pattern in only:
+        parts = pattern.split("__")
+        head = r"(?:^|(?<=__))" if "=" in parts[0] else ""
+        tail = r"(?=__|$)" if "=" in parts[-1] else ""
+        regexes.append(re.compile(head + re.escape(pattern) + tail))
+    return [c for c in cells if any(r.search(c.name) for r in regexes)]
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,+-]+", "-", text).strip("-")[:200]
 
