@@ -2,7 +2,7 @@
 random weights (no download).
 
 Times the training step of ``RouterCalibration`` (routed forward, loss, backward into the routers, AdamW) under
-bf16 autocast over a bf16 backbone, as ``wide fit --config recipes/qwen2.5-1.5b/calibrate.yaml`` runs it, for
+bf16 autocast over a bf16 backbone, as ``wide fit --config recipes/qwen2.5-1.5b/calibrate.yaml`` (distillation) or ``calibrate_lm.yaml`` run it, for
 each loss path:
 
 - ``hf``: HF's own loss from full ``[B, T, V]`` logits (what `wide fit` ran before `wide.losses`);

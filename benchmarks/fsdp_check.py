@@ -2,7 +2,7 @@
 
 Runs ``wide fit`` three times for ``--steps`` steps, each a subprocess, on Qwen2.5-1.5B:
 
-1. ``1gpu``:  recipes/qwen2.5-1.5b/calibrate.yaml       (1 GPU x 16 rows x 1024 tokens)
+1. ``1gpu``:  recipes/qwen2.5-1.5b/calibrate_lm.yaml    (1 GPU x 16 rows x 1024 tokens; the LM loss, as FSDP2's)
 2. ``fsdp2``: recipes/qwen2.5-1.5b/calibrate_fsdp.yaml  (2 GPUs x 8 rows, FSDP2; the same 16 rows per step)
 3. ``seed``:  like ``1gpu`` with another seed (other router init and Gumbel noise): the noise floor
 
@@ -263,7 +263,7 @@ def main(argv=None) -> None:
     cpu = CPU if args.cpu else []
     corpus = pick_data(out, args.fetch)
     model = pick_model(out, corpus, args.smoke, args.fetch)
-    one = str(ROOT / "recipes/qwen2.5-1.5b/calibrate.yaml")
+    one = str(ROOT / "recipes/qwen2.5-1.5b/calibrate_lm.yaml")  # calibrate_fsdp.yaml's 1-GPU twin
     two = str(ROOT / "recipes/qwen2.5-1.5b/calibrate_fsdp.yaml")
     walls = {"1gpu": run("1gpu", one, model, corpus, out, steps, 16, "--trainer.devices", "1", *cpu),
              "fsdp2": run("fsdp2", two, model, corpus, out, steps, 8, "--trainer.devices", "2",

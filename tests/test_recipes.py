@@ -67,7 +67,7 @@ def test_recipes_exist():
     for expected in ["smollm2-135m/calibrate.yaml", "smollm2-135m/lora.yaml", "qwen2.5-1.5b/calibrate.yaml",
                      "qwen2.5-1.5b/lora.yaml", "llama-3.1-8b/calibrate.yaml", "llama-3.1-8b/lora.yaml",
                      "qwen3-8b/calibrate.yaml", "smollm2-135m/calibrate_lm.yaml", "smollm2-135m/lora_distill.yaml",
-                     "qwen2.5-1.5b/calibrate_distill.yaml", "qwen2.5-1.5b/lora_distill.yaml", "smollm2-135m/super.yaml"]:
+                     "qwen2.5-1.5b/calibrate_lm.yaml", "qwen2.5-1.5b/lora_distill.yaml", "smollm2-135m/super.yaml"]:
         assert expected in names
 
 
@@ -88,6 +88,25 @@ def test_smollm2_calibrate_twins_differ_only_in_the_loss():
     assert distill == lm
     cpu = yaml.safe_load((smol / "calibrate_cpu.yaml").read_text())
     assert "loss" not in cpu["model"]["init_args"] and cpu["data"]["source"] == "default"
+
+def test_qwen_calibrate_twins_differ_in_the_loss_and_data():
+    """Qwen2.5-1.5B: calibrate.yaml distils on the mixture since its frontier grid (2026-12-04: distillation won at
+    every rate); calibrate_lm.yaml keeps the LM loss on the default corpus that the older QUALITY.md rows and the
+    LM-loss grids based on it used. Nothing else differs."""
+    import yaml
+
+    qwen = ROOT / "recipes/qwen2.5-1.5b"
+    distill, lm = (yaml.safe_load((qwen / name).read_text()) for name in ("calibrate.yaml", "calibrate_lm.yaml"))
+    assert distill["model"]["init_args"].pop("loss") == {"lm": 1.0, "kd": 1.0, "temperature": 2.0, "hidden": 0.0}
+    assert "loss" not in lm["model"]["init_args"]
+    assert (distill["data"].pop("source"), lm["data"].pop("source")) == ("mixture", "default")
+    for cfg in (distill, lm):
+        del cfg["wide_checkpoint"]["dirpath"], cfg["trainer"]["logger"]
+    assert distill == lm
+    for stage2 in ("lora.yaml", "lora_distill.yaml"):  # both tune the default recipe's routers
+        cfg = yaml.safe_load((qwen / stage2).read_text())
+        assert cfg["model"]["init_args"]["router_checkpoint"] == "runs/qwen2.5-1.5b/calibrate/routers.safetensors"
+
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(ROOT / "recipes")) for p in RECIPES])
 def test_recipe_runs_on_tiny_model(recipe, tmp_path, tiny_model_dir, tiny_corpus, stage1):
