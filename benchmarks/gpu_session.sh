@@ -110,7 +110,8 @@ qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-pr
 # restore_cells OUT: the finished cells of the grid folder OUT (runs/grid/<name>) that earlier sessions brought back
 # and committed (benchmarks/results/*/<name>/cells/<cell>/{result.json,results.json}), so a grid that outgrows one
 # session's device time goes on where the last one stopped (the grid skips a cell whose result.json says done with
-# the same settings)
+# the same settings; cells run before 2026-12-04 09:30 UTC carry signatures of the base recipe's raw text, so since
+# the grid keys on its settings (`GridSpec.base_settings`) they run again)
 restore_cells() { local c d n=0; for c in benchmarks/results/*/$(basename $1)/cells/*/; do
     [ -f $c/result.json ] && [ -f $c/results.json ] || continue
     d=$1/cells/$(basename $c); mkdir -p $d/eval; cp $c/result.json $d/; cp $c/results.json $d/eval/; n=$((n+1)); done

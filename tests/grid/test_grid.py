@@ -361,3 +361,34 @@ def test_only_patterns_match_whole_values(tmp_path):
     assert names(frontier, "target=0.") == []  # a value is matched whole
     plan = GridRunner(groups, only=["ffn_group=896"]).plan()  # the run and --dry-run filter the same way
     assert [c.name for c in plan.cells] == ["ffn_group=896"]
+
+
+def test_a_base_recipes_comments_and_output_paths_are_not_part_of_the_signatures(tmp_path, tiny_model_dir,
+                                                                                   tiny_corpus):
+    """Renaming a recipe's output folder or rewording its comments must not re-run a grid's finished cells (the
+    grid sets every fit's outputs itself); changing a setting must."""
+    from wide.grid.runner import GridRunner
+
+    base = tmp_path / "base.yaml"
+    text = (SMOL / "calibrate.yaml").read_text()
+    base.write_text(text)
+    path = write_grid(tmp_path / "g.yaml", tiny_model_dir, tiny_corpus, METHOD_X_SPARSITY)
+    grid = yaml.safe_load(path.read_text())
+    grid["base"] = str(base)
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+
+    def sigs():
+        runner = GridRunner(load_grid(path))
+        cell = next(c for c in runner.spec.cells() if c.fits)
+        return runner.stage1_signature(cell), runner.cell_signature(cell)
+
+    before = sigs()
+    edited = "# a reworded header\n" + text.replace("dirpath: runs/smollm2-135m/calibrate", "dirpath: runs/elsewhere")
+    edited = edited.replace("name: smollm2-135m-calibrate", "name: another-name")
+    assert edited != text and "runs/elsewhere" in edited
+    base.write_text(edited)
+    assert sigs() == before
+    assert "lam: 20.0" in edited
+    base.write_text(edited.replace("lam: 20.0", "lam: 7.0"))
+    after = sigs()
+    assert after[0] != before[0] and after[1] != before[1]

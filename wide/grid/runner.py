@@ -160,7 +160,7 @@ class GridRunner:
     # ---------------------------------------------------------------------------------------- cells
     def stage1_signature(self, cell: Cell) -> str:
         """What a stage-1 fit depends on: cells with equal ones share the fit."""
-        return signature({"base": self.spec.base_text("calibrate"), "overrides": cell.cli_overrides("calibrate")})
+        return signature({"base": self.spec.base_settings("calibrate"), "overrides": cell.cli_overrides("calibrate")})
 
     def untrained_eval_signature(self, cell: Cell) -> str:
         """The eval signature of a cell that trains nothing (the key of ``eval_cache``)."""
@@ -169,14 +169,14 @@ class GridRunner:
 
     def cell_signature(self, cell: Cell) -> str:
         return signature({"format": FORMAT, "overrides": cell.settings(), "eval": self.spec.eval,
-                          "calibrate": self.spec.base_text("calibrate") if cell.fits else "",
-                          "lora": self.spec.base_text("lora") if cell.fits and cell.stage == "lora" else "",
+                          "calibrate": self.spec.base_settings("calibrate") if cell.fits else "",
+                          "lora": self.spec.base_settings("lora") if cell.fits and cell.stage == "lora" else "",
                           "routing": routing_dict(self.spec, cell) if cell.skip_calibration else None})
 
     def finished(self, cell: Cell, prev: Optional[dict[str, Any]] = None) -> bool:
         """Whether ``cell`` has a finished result with today's settings (a run skips it unless ``force``): its
         ``result.json`` (``prev`` when already read) says done under the same `cell_signature` (settings, eval,
-        base recipes' text)."""
+        base recipes' settings)."""
         prev = read_json(self.out / "cells" / cell.name / "result.json") if prev is None else prev
         return bool(prev) and prev.get("status") == "done" and prev.get("signature") == self.cell_signature(cell)
 
@@ -195,7 +195,7 @@ class GridRunner:
                 runs["calibrate"] = self._fit(cell, "calibrate", self.fit_dir(cell, sig1), sig1, prefix)
                 checkpoint = Path(runs["calibrate"]["checkpoint"])
             if cell.stage == "lora":
-                sig2 = signature({"base": self.spec.base_text("lora"), "overrides": cell.cli_overrides("lora"),
+                sig2 = signature({"base": self.spec.base_settings("lora"), "overrides": cell.cli_overrides("lora"),
                                   "stage1": sig1})
                 runs["lora"] = self._fit(cell, "lora", cell_dir / "lora", sig2, prefix, router_checkpoint=checkpoint)
                 checkpoint = Path(runs["lora"]["checkpoint"])

@@ -171,9 +171,26 @@ class GridSpec:
             _check_cell(cell, self)
         return out
 
-    def base_text(self, stage: str) -> str:
+    def base_settings(self, stage: str) -> str:
+        """The stage's base recipe as a fit depends on it (the key of the grid's signatures): its settings as canonical
+        JSON, without comments and layout, and without the output settings every grid fit replaces (loggers, root
+        dir, checkpoint folder), so editing a recipe's comments or its own output paths re-runs nothing; any other
+        change does."""
         path = self.base if stage == "calibrate" else self.lora_base
-        return path.read_text() if path is not None else ""
+        if path is None:
+            return ""
+        cfg = yaml.safe_load(path.read_text()) or {}
+        if isinstance(cfg, dict):
+            cfg = copy.deepcopy(cfg)
+            for section, key in GRID_SET_KEYS:
+                if isinstance(cfg.get(section), dict):
+                    cfg[section].pop(key, None)
+        return json.dumps(cfg, sort_keys=True, default=str)
+
+
+# (section, key) of a base recipe that `wide.grid.commands.fit_argv` sets for every fit (its outputs go to the fit's
+# folder): not part of what a fit depends on
+GRID_SET_KEYS = (("trainer", "logger"), ("trainer", "default_root_dir"), ("wide_checkpoint", "dirpath"))
 
 
 def select_cells(cells: list[Cell], only: list[str] | tuple[str, ...] = ()) -> list[Cell]:
