@@ -27,8 +27,11 @@ COPIES = 8
 SHAPES = {  # name: (hidden K, q heads, kv heads, head dim, biases)
     "llama-8b": (4096, 32, 8, 128, False), "qwen2.5-1.5b": (1536, 12, 2, 128, True),
     "smollm2-135m": (576, 9, 3, 64, False)}
-# (each config compiles once per shape and mask mode: ~120 compiles, a few minutes on the H200)
+# (each config compiles once per shape and mask mode: ~200 compiles, a few minutes on the H200)
 CONFIGS = [None] + [(sp, bk, w) for sp, bk, w in itertools.product((2, 4, 8, 16, 32), (64, 128), (4, 8))]
+# the software pipeline's depth (triton's default: 3) around the defaults' 128-wide chunks and 8 warps, and 256-wide
+# chunks (2026-12-04: the 8B launch with half the q heads took 14.5 us for ~7.3 us of bytes)
+CONFIGS += [(sp, bk, 8, st) for sp, bk, st in itertools.product((4, 8, 16), (128, 256), (2, 4, 5))]
 
 
 def main(argv=None) -> None:
@@ -38,7 +41,7 @@ def main(argv=None) -> None:
     from wide.kernels import decode_qkv as reference_op
     from wide.kernels.triton.decode_qkv import decode_qkv as host
 
-    rows, md = [], ["| shape | q heads run | default | fastest (split, block_k, warps) | cuBLAS, same bytes |",
+    rows, md = [], ["| shape | q heads run | default | fastest (split, block_k, warps[, stages]) | cuBLAS, same bytes |",
                     "|---|---|---|---|---|"]
     for name, (K, HQ, HK, D, biased) in SHAPES.items():
         gen = torch.Generator(device="cpu").manual_seed(0)
@@ -75,7 +78,7 @@ def main(argv=None) -> None:
                     calls = [lambda w=w: host(x, *w, mask, *bs, cos, sin, kc, vc, pos, config=cfg) for w in ws]
                     return out, ref, lambda: graph_ms(calls) * 1e3
                 time_candidate(results, cfg, setup)
-            print(f"  {label}  (split, block_k, warps): us, TB/s of the q / k / v bytes, rel. error of q")
+            print(f"  {label}  (split, block_k, warps[, stages]): us, TB/s of the q / k / v bytes, rel. error of q")
             print_fastest(results, lambda t, c, e: f"    {c:>16}  {t:7.1f} us  {nbytes / t / 1e6:5.2f} TB/s  {e}")
             rows += [dict(shape=name, mask=label, config=c, us=t, error=e, dense_us=dense_us) for t, c, e in results]
             best, default = min(results), next(r for r in results if r[1] == "None")

@@ -371,3 +371,31 @@ def test_decode_splits_folded_into_the_last_program(fill, splits, gsize):
         out = poisoned(q.shape, q.dtype, q.device)
         get_backend("triton").attention_decode(q, k, v, mask, lengths=lengths, out=out, config=cfg)
         check(out, ref, q.dtype, ~expand_groups(mask, gsize), "triton")
+
+
+@pytest.mark.parametrize("config", [(2, 32, 4), (4, 32, 8, 2), (1, 64, 4, 5), (3, 32, 4, 4)])
+@pytest.mark.parametrize("B", [1, 3])
+def test_decode_qkv_sweep_configs_match_reference(config, B):
+    """`benchmarks/decode_qkv_sweep.py`'s configs, incl. a pipeline depth (4th element), give the reference's q, cache
+    writes and position (a 50% mask, bias, an odd K)."""
+    from wide.kernels import decode_qkv
+    from wide.kernels.triton.decode_qkv import decode_qkv as host
+
+    gen = torch.Generator().manual_seed(B * 100 + config[0] * 10 + config[1])
+    K, HQ, HK, D, S, pos = 100, 6, 2, 32, 7, 3
+    x = torch.randn(B, 1, K, generator=gen)
+    ws = [torch.randn(h * D, K, generator=gen) * K ** -0.5 for h in (HQ, HK, HK)]
+    bs = [torch.randn(h * D, generator=gen) * 0.1 for h in (HQ, HK, HK)]
+    angle = torch.rand(1, 1, D, generator=gen) * 6.28
+    cos, sin = angle.cos(), angle.sin()
+    mask = random_mask((B, 1, 3), 0.5, gen)
+    cache = torch.randn(2, B, HK, S, D, generator=gen)
+    kr, vr, at_r = cache[0].clone(), cache[1].clone(), torch.tensor(pos)
+    ref = decode_qkv(x, *ws, mask, q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=kr,
+                     v_cache=vr, position=at_r, backend="torch")
+    kt, vt, at_t = cache[0].clone(), cache[1].clone(), torch.tensor(pos)
+    out = host(x, *ws, mask, *bs, cos, sin, kt, vt, at_t, config=config)
+    check(out, ref, torch.float32, None, f"q {config}")
+    check(kt, kr, torch.float32, None, f"k cache {config}")
+    check(vt, vr, torch.float32, None, f"v cache {config}")
+    assert at_t.item() == at_r.item() == pos + 1

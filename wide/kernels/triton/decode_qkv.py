@@ -171,10 +171,11 @@ def _split(units: int, chunks: int, masked: bool) -> int:
 def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
                mask: torch.Tensor, q_bias, k_bias, v_bias, cos: torch.Tensor, sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
-               out: torch.Tensor | None = None, config: tuple[int, int, int] | None = None,
+               out: torch.Tensor | None = None, config: tuple[int, ...] | None = None,
                eager_rope: bool = False) -> torch.Tensor:
     """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]``. ``config``: ``(split,
-    block_k, num_warps)`` instead of the defaults (`benchmarks/decode_qkv_sweep.py`)."""
+    block_k, num_warps)`` or ``(split, block_k, num_warps, num_stages)`` instead of the defaults (triton's own
+    stage count unless given; `benchmarks/decode_qkv_sweep.py`)."""
     B, K = x.shape[0], x.shape[-1]
     x2 = x.reshape(B, K)
     if x2.stride(-1) != 1:
@@ -190,9 +191,10 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     # of them 23.6 -> 14.5; Qwen2.5-1.5B 7.9 -> 6.4 / 5.3 -> 5.4; SmolLM2 4.6 -> 4.6 / 4.9 -> 5.2)
     block_k = 32 if interpreting() else 128
     split = _split(units, triton.cdiv(K, block_k), mask is not None)
-    warps = 8
+    warps, stages = 8, {}
     if config is not None:
-        split, block_k, warps = config
+        split, block_k, warps, *rest = config
+        stages = {"num_stages": rest[0]} if rest else {}
     if B > MAX_ROWS:
         raise ValueError(f"decode_qkv (triton): at most {MAX_ROWS} rows per launch, got {B}")
     block_m = 1 if B == 1 else 16
@@ -209,5 +211,5 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
         HAS_BIAS=has_bias, HAS_MASK=mask is not None, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
-        EAGER_ROPE=bool(eager_rope), num_warps=warps)
+        EAGER_ROPE=bool(eager_rope), num_warps=warps, **stages)
     return q
