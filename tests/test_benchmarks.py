@@ -187,7 +187,10 @@ def test_gemv_sweep_candidates():
 def test_decode_qkv_sweep_candidates():
     mod = _load("decode_qkv_sweep")
     assert mod.CONFIGS[0] is None and len(mod.CONFIGS) > 2
-    assert all(sp >= 1 and bk & (bk - 1) == 0 and w in (2, 4, 8) for sp, bk, w in mod.CONFIGS[1:])
+    for sp, bk, w, *stages in mod.CONFIGS[1:]:  # (split, block_k, warps[, num_stages])
+        assert sp >= 1 and bk & (bk - 1) == 0 and w in (2, 4, 8) and all(1 <= st <= 6 for st in stages)
+        assert len(stages) <= 1
+    assert len(set(mod.CONFIGS[1:])) == len(mod.CONFIGS) - 1
     assert set(mod.SHAPES) == {"llama-8b", "qwen2.5-1.5b", "smollm2-135m"}
 
 
