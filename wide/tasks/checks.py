@@ -146,9 +146,12 @@ def check_resume_file(path: Any, stage: str, hparams: Optional[dict[str, Any]] =
 def preflight(task: Any, datamodule: Any = None, trainer: Any = None, ckpt_path: Any = None) -> None:
     """All checks for ``task`` (a ``WideTask``) with its datamodule and trainer; raises ``ValueError``."""
     if trainer is not None:
-        from wide.distributed import check_strategy
+        from wide.distributed import FSDP2Strategy, check_strategy
 
         check_strategy(trainer.strategy)
+        if getattr(task, "router_init", "random") == "importance" and isinstance(trainer.strategy, FSDP2Strategy):
+            raise ValueError("router_init: 'importance' writes whole router weights, which FSDP2 shards; use one "
+                             "device or ddp for this fit, or router_init: random")
     config = load_model_config(task.model_name)
     check_resume_file(ckpt_path, task.stage, dict(task.hparams), config)
     check_routing(config, task.routing)

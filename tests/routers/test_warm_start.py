@@ -1,0 +1,157 @@
+"""`wide.routers.warm_start`: routers fitted to the dense model's per-token group importance before stage 1."""
+
+import pytest
+import torch
+
+import wide
+from tests.conftest import tiny_model
+from wide.routers import warm_start as ws
+from wide.routers.base import rms_normalize
+
+
+def _routed(router="lowrank", rank=8, **cfg):
+    model = tiny_model("llama", num_hidden_layers=2)
+    return wide.apply_wide(model, wide.WideConfig(sparsity=0.5, granularity=cfg.pop("granularity", "width"),
+                                                  attn_group_size=2, ffn_group_size=16, router=router,
+                                                  router_rank=rank, **cfg))
+
+
+def _batches(n=3, B=2, T=24, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(3, 96, (B, T), generator=gen)} for _ in range(n)]
+
+
+def test_solve_recovers_an_exact_linear_map():
+    """With log contributions exactly linear in the input, the fit is that map over the targets' spread (R² 1), and
+    its zero crossing sits at the target quantile."""
+    gen = torch.Generator().manual_seed(0)
+    D, G, N = 12, 5, 4000
+    x = torch.randn(N, D, generator=gen)
+    a, c = torch.randn(D, G, generator=gen), torch.randn(G, generator=gen)
+    y = x @ a + c
+    s = ws._Stats(D, G)
+    s.add(x, y, gen)
+    fit = ws.solve(s, target=0.3, ridge=1e-9)
+    spread = float(y.flatten().std(unbiased=False))
+    assert fit.r2 > 0.999 and fit.tokens == N
+    torch.testing.assert_close(fit.weight * spread, a, atol=1e-3, rtol=1e-3)
+    skipped = float(((x @ fit.weight + fit.bias) < 0).float().mean())
+    assert abs(skipped - 0.3) < 0.02
+
+
+@pytest.mark.parametrize("router,rank", [("linear", 8), ("lowrank", 16), ("lowrank", 2)])
+def test_warm_start_writes_the_fit_into_each_router(router, rank):
+    """Every router's execute margins become the fitted map of its normalised input (exactly for a linear router
+    or a rank that holds the map; the best rank-r part otherwise), positively tied to the real contributions; the
+    model is left as it was (no hooks, no patched methods)."""
+    model = _routed(router, rank)
+    rt = wide.modeling.runtime_of(model)
+    before = {(wl.layer_idx, k): {n: p.clone() for n, p in r.named_parameters()}
+              for wl in rt.layers for k, r in wl.routers.items()}
+    hooks = sum(len(m._forward_pre_hooks) for m in model.modules())
+    fits = ws.warm_start(model, _batches(), max_tokens=10_000)
+    assert set(fits) == set(before) and all(0.0 <= f.r2 <= 1.0 for f in fits.values())
+    assert all(f.tokens == 3 * 2 * 24 for f in fits.values())
+    assert sum(len(m._forward_pre_hooks) for m in model.modules()) == hooks
+    x = torch.randn(2, 7, 64)
+    for wl in rt.layers:
+        assert "_decide" not in wl.__dict__
+        for kind, r in wl.routers.items():
+            fit = fits[(wl.layer_idx, kind)]
+            assert any(not torch.equal(p, before[(wl.layer_idx, kind)][n]) for n, p in r.named_parameters())
+            want = rms_normalize(x) @ fit.weight + fit.bias
+            got = r.execute_margin(x)
+            if router == "linear" or rank >= r.num_groups:
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            else:  # rank-2 part of the map: closer to it than the random start was
+                assert (got - want).pow(2).mean() < want.pow(2).mean()
+
+
+def test_margins_rank_tokens_by_their_real_contribution():
+    """On the data it was fitted to, a warm-started router's margin correlates with the group's real log
+    contribution (what a random router's does not)."""
+    model = _routed("linear")
+    batches = _batches(n=4, T=32)
+    stats = ws.collect(model, batches, max_tokens=10_000)
+    ws.warm_start(model, batches, max_tokens=10_000)
+    rt = wide.modeling.runtime_of(model)
+    # replay: the contributions and inputs of layer 1's FFN, against its margins
+    pairs = {}
+
+    def grab(wl):
+        def decide(kind, residual):  # record the margins, run every group (the dense contributions)
+            g = wl.slots[kind].num_groups
+            pairs.setdefault(kind, []).append(wl.routers[kind].execute_margin(residual).reshape(-1, g))
+            return torch.ones(*residual.shape[:2], g)
+        return decide
+
+    wl = rt.layers[1]
+    wl._decide = grab(wl)
+    ffn_in = []
+    down = model.model.layers[1].mlp.down_proj
+    h = down.register_forward_pre_hook(lambda m, a: ffn_in.append(a[0].reshape(-1, a[0].shape[-1])))
+    with torch.no_grad():
+        for b in batches:
+            model(**b)
+    h.remove()
+    del wl._decide
+    margin = torch.cat(pairs["ffn"])
+    contrib = torch.log(ws._contributions(torch.cat(ffn_in), down.weight, 16) + 1e-8)
+    corr = torch.corrcoef(torch.stack([margin.flatten(), contrib.flatten()]))[0, 1]
+    assert stats[(1, "ffn")].n > 0 and corr > 0.2
+
+
+def test_unsupported_routers_and_policies_are_named():
+    with pytest.raises(ValueError, match="router_init.*MLPRouter"):
+        ws.check_supported(_routed("mlp"))
+    with pytest.raises(ValueError, match="router_init.*width routing"):
+        ws.check_supported(_routed("lowrank", granularity="layer"))
+
+
+def test_a_fit_warm_starts_its_routers_and_a_resume_does_not(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """``router_init: importance`` fits the routers before the first step (logged), so its first step starts from
+    other routers than ``random``; a resume keeps the trained ones."""
+    from safetensors.torch import load_file
+
+    from tests.reliability.conftest import fit_args, run_wide
+
+    steps = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+             "--sparsity_monitor.heatmap_every_n_steps", "0", "--rate_calibration.enabled", "false"]
+    warm = ["--model.init_args.router_init", "importance", "--model.init_args.router_init_tokens", "128"]
+    rc, err = run_wide(fit_args(tmp_path / "warm", tiny_model_dir, tiny_corpus, *steps, *warm), capsys)
+    assert rc == 0, err[-3000:]
+    assert "wide: routers warm-started from group importance over 128 tokens (variance explained" in err
+    rc, err = run_wide(fit_args(tmp_path / "cold", tiny_model_dir, tiny_corpus, *steps), capsys)
+    assert rc == 0 and "warm-started" not in err
+    a, b = (load_file(tmp_path / d / "wide/routers.safetensors") for d in ("warm", "cold"))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+    more = ["--trainer.max_steps", "4", "--ckpt_path", "last"]
+    rc, err = run_wide(fit_args(tmp_path / "warm", tiny_model_dir, tiny_corpus, *steps, *warm, *more), capsys)
+    assert rc == 0, err[-3000:]
+    assert "warm-started" not in err
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(router_init="zeros"), "router_init: must be one of random, importance"),
+    (dict(router_init_tokens=0), "router_init_tokens: must be a positive integer"),
+    (dict(router_init="importance", routing=wide.WideConfig(router="mlp")), "router_init: 'importance' fits"),
+    (dict(router_init="importance", routing=wide.WideConfig(granularity="layer")), "routing.granularity 'width'"),
+])
+def test_bad_router_init_settings_are_named_before_anything_loads(args, match, tiny_model_dir):
+    from wide.tasks import RouterCalibration
+
+    with pytest.raises(ValueError, match=match):
+        RouterCalibration(model=tiny_model_dir, **args)
+
+
+def test_importance_init_refuses_fsdp2_before_anything_loads(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from wide.distributed import FSDP2Strategy
+    from wide.tasks import RouterCalibration
+    from wide.tasks.checks import preflight
+
+    task = RouterCalibration(model=tiny_model_dir, router_init="importance")
+    with pytest.raises(ValueError, match="router_init: 'importance' writes whole router weights, which FSDP2"):
+        preflight(task, None, SimpleNamespace(strategy=FSDP2Strategy()))
+    preflight(RouterCalibration(model=tiny_model_dir), None, SimpleNamespace(strategy=FSDP2Strategy()))
