@@ -145,6 +145,29 @@ def test_router_calibration_with_gumbel_noise_trains_like_one_process(tmp_path, 
         assert _rel_diff(one, got) < REL_TOL, _rel_diff(one, got)
 
 
+def test_router_warm_start_on_ddp_fits_what_one_process_fits(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """``router_init: importance`` under DDP: each rank reads its share of ``router_init_tokens`` (its rows of the same
+    global batches), the regression statistics and threshold histograms are summed over the ranks, so 2 x 2 rows
+    start, and then train, the same routers as 1 x 4 rows (up to float summation order)."""
+    calib = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
+             "--data.max_train_tokens", "400", "--model.init_args.lr", "0.01",
+             "--sparsity_monitor.heatmap_every_n_steps", "0", "--model.init_args.router_init", "importance",
+             "--model.init_args.router_init_tokens", "256"]
+
+    def args(out, rows, *extra):
+        argv = fit_args(out, tiny_model_dir, tiny_corpus, *calib, *extra)
+        argv[argv.index("--data.batch_size") + 1] = str(rows)
+        return argv
+
+    proc = start_wide_subprocess(args(tmp_path / "ddp", 2, "--trainer.devices", "2", "--trainer.strategy", "ddp"))
+    rc, err = run_wide(args(tmp_path / "one", 4), capsys)
+    assert rc == 0, err[-3000:]
+    assert "routers warm-started from group importance over 256 tokens" in err
+    one, ddp = load_file(tmp_path / "one/wide/routers.safetensors"), _trained(tmp_path / "ddp", proc)
+    got = _same_margin_shift(one, ddp)
+    assert _rel_diff(one, got) < REL_TOL, _rel_diff(one, got)
+
+
 def _same_margin_shift(ref, got):
     """``got`` with its routers' execute margins moved by one amount to ``ref``'s, after checking that one amount is
     all that separates them. The end-of-fit rate calibration adds one shift to every router's execute margin (the

@@ -30,13 +30,24 @@ def test_solve_recovers_an_exact_linear_map():
     a, c = torch.randn(D, G, generator=gen), torch.randn(G, generator=gen)
     y = x @ a + c
     s = ws._Stats(D, G)
-    s.add(x, y, gen)
+    s.add(x[:1500], y[:1500])
+    s.add(x[1500:], y[1500:])  # streamed
     fit = ws.solve(s, target=0.3, ridge=1e-9)
     spread = float(y.flatten().std(unbiased=False))
     assert fit.r2 > 0.999 and fit.tokens == N
     torch.testing.assert_close(fit.weight * spread, a, atol=1e-3, rtol=1e-3)
     skipped = float(((x @ fit.weight + fit.bias) < 0).float().mean())
     assert abs(skipped - 0.3) < 0.02
+    assert abs(ws.quantile(s.hist, 0.3) - float(torch.quantile(y.flatten(), 0.3))) < 0.01
+
+
+def test_the_threshold_histogram_is_exact_to_a_bin_and_clamps_its_range():
+    y = torch.tensor([[-30.0, -1.0, 0.0, 0.5, 1.0, 25.0]])
+    s = ws._Stats(1, 6)
+    s.add(torch.zeros(1, 1), y)
+    assert float(s.hist.sum()) == 6 and float(s.hist[0]) == 1 and float(s.hist[-1]) == 1  # out of range: end bins
+    assert abs(ws.quantile(s.hist, 0.5) - 0.0) < 0.01
+    assert ws.quantile(torch.zeros(ws.BINS), 0.5) == 0.0
 
 
 @pytest.mark.parametrize("router,rank", [("linear", 8), ("lowrank", 16), ("lowrank", 2)])

@@ -24,7 +24,7 @@ activation norms; this solves the linear least-squares problem in closed form in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
@@ -35,8 +35,10 @@ from wide.modeling.architectures import get_path
 SUPPORTED = ("LinearRouter", "LowRankRouter")
 """Router classes this fits (by class name: a subclass with another ``forward`` is not a linear map)."""
 
-RESERVOIR = 65536
-"""Log contributions kept per router for its skip threshold (about this many: a uniform subsample of tokens x groups)."""
+BINS, LOW, HIGH = 8192, -20.0, 20.0
+"""The histogram of log contributions a router's skip threshold is read from (bins of 0.005 in log space: the
+threshold within 0.5% of the exact quantile's contribution). Counts sum exactly over data-parallel ranks, so any
+world size finds the same threshold."""
 
 
 @dataclass
@@ -51,10 +53,9 @@ class _Stats:
     sy: Optional[torch.Tensor] = None
     syy: Optional[torch.Tensor] = None
     sxy: Optional[torch.Tensor] = None
-    rate: float = 1.0  # the share of the targets kept for the threshold
-    sample: list = field(default_factory=list)
+    hist: Optional[torch.Tensor] = None
 
-    def add(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> None:
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         x, y = x.double(), y.double()
         if self.sx is None:
             dev = x.device
@@ -63,15 +64,15 @@ class _Stats:
             self.sy = torch.zeros(self.g, dtype=torch.float64, device=dev)
             self.syy = torch.zeros(self.g, dtype=torch.float64, device=dev)
             self.sxy = torch.zeros(self.d, self.g, dtype=torch.float64, device=dev)
+            self.hist = torch.zeros(BINS, dtype=torch.float64, device=dev)
         self.n += x.shape[0]
         self.sx += x.sum(0)
         self.sxx += x.T @ x
         self.sy += y.sum(0)
         self.syy += (y * y).sum(0)
         self.sxy += x.T @ y
-        flat = y.flatten().float().cpu()
-        keep = max(1, round(self.rate * flat.numel()))  # the same share of every batch: a uniform sample
-        self.sample.append(flat[torch.randperm(flat.numel(), generator=gen)[:keep]])
+        edge = HIGH - (HIGH - LOW) / BINS / 2  # histc drops values past its range: clamp them into the end bins
+        self.hist += torch.histc(y.float().clamp(LOW, edge), bins=BINS, min=LOW, max=HIGH).double()
 
     def all_reduce(self) -> None:
         """Sums the statistics over data-parallel ranks (no-op without an initialised process group)."""
@@ -80,7 +81,7 @@ class _Stats:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         n = torch.tensor([self.n], dtype=torch.float64, device=self.sx.device)
-        for t in (n, self.sx, self.sxx, self.sy, self.syy, self.sxy):
+        for t in (n, self.sx, self.sxx, self.sy, self.syy, self.sxy, self.hist):
             dist.all_reduce(t)
         self.n = float(n.item())
 
@@ -129,7 +130,7 @@ def check_supported(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int, seed: int = 0) -> dict[tuple[int, str], _Stats]:
+def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int) -> dict[tuple[int, str], _Stats]:
     """Runs ``batches`` (model inputs: ``input_ids`` and optionally ``attention_mask``) through ``model`` with every
     group executed until ``max_tokens`` tokens are seen, and returns each router's regression statistics, keyed by
     ``(layer index, kind)``."""
@@ -139,7 +140,6 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int, seed: in
     runtime = runtime_of(model)
     arch = getattr(model, "wide_arch", None) or getattr(getattr(model, "base_model", None), "wide_arch", None)
     layers = {getattr(layer, "wide", None): layer for layer in get_path(model, arch.layers)}
-    gen = torch.Generator().manual_seed(seed)
     stats: dict[tuple[int, str], _Stats] = {}
     pending: dict[tuple[int, str], torch.Tensor] = {}
     valid: dict[str, Optional[torch.Tensor]] = {"rows": None}
@@ -153,8 +153,7 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int, seed: in
         layer = layers[wl]
         for kind, slot in wl.slots.items():
             router = wl.routers[kind]
-            stats[(wl.layer_idx, kind)] = _Stats(router.spec.hidden_size, slot.num_groups,
-                                                 rate=min(1.0, RESERVOIR / max(1, max_tokens * slot.num_groups)))
+            stats[(wl.layer_idx, kind)] = _Stats(router.spec.hidden_size, slot.num_groups)
         by_gate = {slot.gates[0]: kind for kind, slot in wl.slots.items()}
 
         def decide(kind, residual, wl=wl):  # the router's input; every group runs
@@ -173,7 +172,7 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int, seed: in
                 if x is None:
                     return
                 y = torch.log(_contributions(keep(args[0]), module.weight, units) + 1e-8)
-                stats[key].add(x, y, gen)
+                stats[key].add(x, y)
 
             handles.append(outs[gate].register_forward_pre_hook(hook))
     seen = 0
@@ -212,21 +211,24 @@ def solve(s: _Stats, target: float, ridge: float = 1e-3) -> Fit:
     var_y = s.syy / n - my * my
     fitted = (w * (cov @ w)).sum(0)  # Var(x w) per group
     r2 = float(1.0 - ((var_y - 2 * (w * cross).sum(0) + fitted).clamp_min(0).sum() / var_y.sum().clamp_min(1e-12)))
-    pool = torch.cat(s.sample) if s.sample else torch.zeros(1)
-    tau = float(torch.quantile(pool, min(max(target, 0.0), 1.0)))
+    tau = quantile(s.hist, min(max(target, 0.0), 1.0))
     spread = math.sqrt(max(float((s.syy.sum() / (n * s.g)) - (s.sy.sum() / (n * s.g)) ** 2), 1e-12))
-    tau_all = _mean_over_ranks(tau, s.sx.device)
-    return Fit(weight=(w / spread).float(), bias=((b - tau_all) / spread).float(), r2=r2, tokens=int(s.n))
+    return Fit(weight=(w / spread).float(), bias=((b - tau) / spread).float(), r2=r2, tokens=int(s.n))
 
 
-def _mean_over_ranks(value: float, device: torch.device) -> float:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
+def quantile(hist: torch.Tensor, q: float) -> float:
+    """The ``q`` quantile of the values counted in ``hist`` (`BINS` bins over [`LOW`, `HIGH`]), linear inside a bin."""
+    cdf = torch.cumsum(hist.double().cpu(), 0)
+    total = float(cdf[-1])
+    if total <= 0:
+        return 0.0
+    want = q * total
+    i = int(torch.searchsorted(cdf, torch.tensor([want], dtype=torch.float64)).clamp_max(BINS - 1))
+    below = float(cdf[i - 1]) if i > 0 else 0.0
+    inside = float(hist[i])
+    frac = (want - below) / inside if inside > 0 else 0.0
+    width = (HIGH - LOW) / BINS
+    return LOW + (i + min(max(frac, 0.0), 1.0)) * width
 
 
 @torch.no_grad()
@@ -257,13 +259,13 @@ def apply_fit(router: nn.Module, fit: Fit) -> None:
     up.bias[1::2] = (-b / 2).to(up.bias)
 
 
-def warm_start(model: nn.Module, batches: Iterable[dict], max_tokens: int, ridge: float = 1e-3,
-               seed: int = 0) -> dict[tuple[int, str], Fit]:
+def warm_start(model: nn.Module, batches: Iterable[dict], max_tokens: int,
+               ridge: float = 1e-3) -> dict[tuple[int, str], Fit]:
     """Fits every router of ``model`` to its groups' importance over ``batches`` (up to ``max_tokens`` tokens) and
     writes the result into the routers. Returns the fits (``r2``: how much of the importance each explains)."""
     from wide.modeling.wrap import runtime_of
 
-    stats = collect(model, batches, max_tokens, seed=seed)
+    stats = collect(model, batches, max_tokens)
     fits = {}
     for wl in runtime_of(model).layers:
         for kind in wl.slots:

@@ -23,7 +23,7 @@ class RouterCalibration(WideTask):
             before the first step, each is fitted to predict its groups' per-token contribution in the dense model
             and to skip, at its target rate, the groups predicted to matter least (`wide.routers.warm_start`; linear
             and low-rank routers, width granularity, one device or DDP). A resumed run keeps its trained routers.
-        router_init_tokens: Training tokens the ``importance`` fit reads (per data-parallel rank).
+        router_init_tokens: Training tokens the ``importance`` fit reads (over all data-parallel ranks).
     """
 
     stage = "calibrate"
@@ -66,7 +66,9 @@ class RouterCalibration(WideTask):
         was_training = self.model.training
         self.model.eval()
         try:
-            fits = warm_start(self.model, batches(), self.router_init_tokens, seed=0)
+            # each rank its share: the same setting reads the same rows at any world size
+            per_rank = -(-self.router_init_tokens // max(trainer.world_size, 1))
+            fits = warm_start(self.model, batches(), per_rank)
         finally:
             self.model.train(was_training)
         by_kind: dict[str, list[float]] = {}
