@@ -166,3 +166,19 @@ def test_importance_init_refuses_fsdp2_before_anything_loads(tiny_model_dir):
     with pytest.raises(ValueError, match="router_init: 'importance' writes whole router weights, which FSDP2"):
         preflight(task, None, SimpleNamespace(strategy=FSDP2Strategy()))
     preflight(RouterCalibration(model=tiny_model_dir), None, SimpleNamespace(strategy=FSDP2Strategy()))
+
+
+def test_no_batches_is_an_error_naming_router_init():
+    with pytest.raises(ValueError, match="router_init: 'importance' read no training tokens"):
+        ws.warm_start(_routed(), [], max_tokens=100)
+
+
+def test_padded_rows_are_left_out_of_the_statistics():
+    """Tokens an attention mask marks as padding add nothing: a padded batch gives the statistics of its real
+    tokens alone."""
+    model = _routed("linear")
+    ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 10:] = 0
+    stats = ws.collect(model, [{"input_ids": ids, "attention_mask": mask}], max_tokens=1000)
+    assert all(s.n == 26 and float(s.hist.sum()) == 26 * s.g for s in stats.values())

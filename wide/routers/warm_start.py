@@ -181,7 +181,7 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int) -> dict[
             ids = batch["input_ids"]
             mask = batch.get("attention_mask")
             valid["rows"] = None if mask is None else mask.reshape(-1).bool().to(ids.device)
-            model(input_ids=ids, attention_mask=mask)
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=1)  # the head's logits are not needed
             seen += int(ids.numel() if mask is None else mask.sum())
             if seen >= max_tokens:
                 break
@@ -191,6 +191,8 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int) -> dict[
         for wl in patched:
             del wl._decide
         pending.clear()
+    if seen == 0:
+        raise ValueError("router_init: 'importance' read no training tokens (the training data gave no batch)")
     for s in stats.values():
         s.all_reduce()
     return stats
