@@ -182,3 +182,15 @@ def test_padded_rows_are_left_out_of_the_statistics():
     mask[1, 10:] = 0
     stats = ws.collect(model, [{"input_ids": ids, "attention_mask": mask}], max_tokens=1000)
     assert all(s.n == 26 and float(s.hist.sum()) == 26 * s.g for s in stats.values())
+
+
+@pytest.mark.parametrize("router,rank", [("linear", 8), ("lowrank", 2)])
+def test_each_router_starts_at_its_target_rate_on_the_data_it_was_fitted_to(router, rank):
+    """The second pass puts every router's threshold at its target share of its own margins."""
+    model = _routed(router, rank)
+    batches = _batches(n=2, T=32)
+    ws.warm_start(model, batches, max_tokens=10_000)
+    hists = ws.margin_histograms(model, batches)
+    for key, h in hists.items():
+        below = float(h[: ws.BINS // 2].sum() / h.sum())  # margins under 0: skipped
+        assert abs(below - 0.5) < 0.02, (key, below)

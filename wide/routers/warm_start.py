@@ -13,10 +13,12 @@ contributes for each token, from what it reads (the pre-norm residual, RMS-norma
   router's target skip rate (the quantile over all tokens and groups), over its spread, so at the start a group is
   skipped where its predicted contribution is among the smallest;
 * a linear router takes the map as is; a low-rank router takes its best rank-``r`` factors (SVD), its spare rank
-  (``r > G``) keeps its random rows with zero output weights, so they can still learn.
+  (``r > G``) keeps its random rows with zero output weights, so they can still learn;
+* a second pass over the same batches moves each router's threshold to its target share of its own margins (the
+  fitted predictions are narrower than the contributions), so it starts at its target rate on that data.
 
 Training then goes on as usual (Gumbel noise, the sparsity term, the end-of-fit rate calibration). What this buys in
-quality per token is measured, not assumed: `recipes/ablations` / QUALITY.md. Written here because no library fits
+quality per token is measured, not assumed: `recipes/ablations/router_init_qwen2.5-1.5b.yaml`, then QUALITY.md. Written here because no library fits
 per-token group-importance predictors for a routed Hugging Face model (Deja Vu's predictors train on recorded
 activation norms; this solves the linear least-squares problem in closed form instead).
 """
@@ -261,18 +263,74 @@ def apply_fit(router: nn.Module, fit: Fit) -> None:
     up.bias[1::2] = (-b / 2).to(up.bias)
 
 
+@torch.no_grad()
+def margin_histograms(model: nn.Module, batches: list[dict]) -> dict[tuple[int, str], torch.Tensor]:
+    """Each router's execute margins over ``batches`` (every group executed), as `BINS`-bin histograms summed over
+    data-parallel ranks."""
+    from wide.modeling.wrap import runtime_of
+
+    runtime = runtime_of(model)
+    hists: dict[tuple[int, str], torch.Tensor] = {}
+    valid: dict[str, Optional[torch.Tensor]] = {"rows": None}
+    edge = HIGH - (HIGH - LOW) / BINS / 2
+    for wl in runtime.layers:
+        def decide(kind, residual, wl=wl):
+            g = wl.slots[kind].num_groups
+            m = wl.routers[kind].execute_margin(residual).reshape(-1, g)
+            m = m if valid["rows"] is None else m[valid["rows"]]
+            h = torch.histc(m.float().clamp(LOW, edge), bins=BINS, min=LOW, max=HIGH).double()
+            key = (wl.layer_idx, kind)
+            hists[key] = hists[key] + h if key in hists else h
+            return torch.ones(*residual.shape[:2], g, device=residual.device)
+
+        wl._decide = decide
+    try:
+        for batch in batches:
+            mask = batch.get("attention_mask")
+            valid["rows"] = None if mask is None else mask.reshape(-1).bool().to(batch["input_ids"].device)
+            model(input_ids=batch["input_ids"], attention_mask=mask, logits_to_keep=1)
+    finally:
+        for wl in runtime.layers:
+            wl.__dict__.pop("_decide", None)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for h in hists.values():
+            dist.all_reduce(h)
+    return hists
+
+
 def warm_start(model: nn.Module, batches: Iterable[dict], max_tokens: int,
                ridge: float = 1e-3) -> dict[tuple[int, str], Fit]:
     """Fits every router of ``model`` to its groups' importance over ``batches`` (up to ``max_tokens`` tokens) and
-    writes the result into the routers. Returns the fits (``r2``: how much of the importance each explains)."""
-    from wide.modeling.wrap import runtime_of
+    writes the result into the routers. Returns the fits (``r2``: how much of the importance each explains).
 
-    stats = collect(model, batches, max_tokens)
+    A second pass over the same batches sets each router's skip threshold on its own margins, so at the start each
+    skips its target share of (token, group) pairs on that data (within a histogram bin)."""
+    from wide.modeling.wrap import runtime_of
+    from wide.routers.base import shift_execute_margin
+
+    used: list[dict] = []
+
+    def keep_used():
+        for batch in batches:
+            used.append(batch)
+            yield batch
+
+    stats = collect(model, keep_used(), max_tokens)
     fits = {}
-    for wl in runtime_of(model).layers:
+    layers = runtime_of(model).layers
+    for wl in layers:
         for kind in wl.slots:
             router = wl.routers[kind]
             fit = solve(stats[(wl.layer_idx, kind)], router.spec.target_sparsity, ridge)
             apply_fit(router, fit)
             fits[(wl.layer_idx, kind)] = fit
+    hists = margin_histograms(model, used)
+    for wl in layers:
+        for kind in wl.slots:
+            router, fit = wl.routers[kind], fits[(wl.layer_idx, kind)]
+            tau = quantile(hists[(wl.layer_idx, kind)], min(max(router.spec.target_sparsity, 0.0), 1.0))
+            shift_execute_margin(router, -tau)
+            fit.bias = fit.bias - tau
     return fits
