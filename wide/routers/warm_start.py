@@ -9,13 +9,12 @@ contributes for each token, from what it reads (the pre-norm residual, RMS-norma
   of its part of the sub-layer's output, ``‖W_out[:, g] · a_g‖`` (``o_proj`` over the group's heads, ``down_proj``
   over its channels), in log space;
 * a ridge regression from the router's input to the log contributions (sufficient statistics, so it streams and
-  sums over data-parallel ranks) gives a ``[D, G]`` map; its margin is that prediction minus the contribution at the
-  router's target skip rate (the quantile over all tokens and groups), over its spread, so at the start a group is
-  skipped where its predicted contribution is among the smallest;
+  sums over data-parallel ranks) gives a ``[D, G]`` map, divided by the contributions' spread: the margin, higher
+  where a group's predicted contribution is larger;
 * a linear router takes the map as is; a low-rank router takes its best rank-``r`` factors (SVD), its spare rank
   (``r > G``) keeps its random rows with zero output weights, so they can still learn;
-* a second pass over the same batches moves each router's threshold to its target share of its own margins (the
-  fitted predictions are narrower than the contributions), so it starts at its target rate on that data.
+* a second pass over the same batches puts each router's threshold at its target share of its own margins, so it
+  starts at its target rate on that data, skipping the groups predicted to matter least.
 
 Training then goes on as usual (Gumbel noise, the sparsity term, the end-of-fit rate calibration). What this buys in
 quality per token is measured, not assumed: `recipes/ablations/router_init_qwen2.5-1.5b.yaml`, then QUALITY.md. Written here because no library fits
@@ -38,14 +37,28 @@ SUPPORTED = ("LinearRouter", "LowRankRouter")
 """Router classes this fits (by class name: a subclass with another ``forward`` is not a linear map)."""
 
 BINS, LOW, HIGH = 8192, -20.0, 20.0
-"""The histogram of log contributions a router's skip threshold is read from (bins of 0.005 in log space: the
-threshold within 0.5% of the exact quantile's contribution). Counts sum exactly over data-parallel ranks, so any
-world size finds the same threshold."""
+"""The histogram of a router's margins its skip threshold is read from (bins of 0.005). Counts sum exactly over
+data-parallel ranks, so any world size finds the same threshold."""
+
+
+def histogram(values: torch.Tensor) -> torch.Tensor:
+    """``BINS`` float64 counts of ``values`` over [`LOW`, `HIGH`]; values past the range count in the end bins."""
+    edge = HIGH - (HIGH - LOW) / BINS / 2  # histc drops values past its range
+    return torch.histc(values.float().clamp(LOW, edge), bins=BINS, min=LOW, max=HIGH).double()
+
+
+def _all_reduce(*tensors: torch.Tensor) -> None:
+    """Sums ``tensors`` in place over data-parallel ranks (no-op without an initialised process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for t in tensors:
+            dist.all_reduce(t)
 
 
 @dataclass
 class _Stats:
-    """Sufficient statistics of one router's regression (float64), and a sample of its targets."""
+    """Sufficient statistics of one router's regression (float64)."""
 
     d: int
     g: int
@@ -55,7 +68,6 @@ class _Stats:
     sy: Optional[torch.Tensor] = None
     syy: Optional[torch.Tensor] = None
     sxy: Optional[torch.Tensor] = None
-    hist: Optional[torch.Tensor] = None
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         x, y = x.double(), y.double()
@@ -66,25 +78,17 @@ class _Stats:
             self.sy = torch.zeros(self.g, dtype=torch.float64, device=dev)
             self.syy = torch.zeros(self.g, dtype=torch.float64, device=dev)
             self.sxy = torch.zeros(self.d, self.g, dtype=torch.float64, device=dev)
-            self.hist = torch.zeros(BINS, dtype=torch.float64, device=dev)
         self.n += x.shape[0]
         self.sx += x.sum(0)
         self.sxx += x.T @ x
         self.sy += y.sum(0)
         self.syy += (y * y).sum(0)
         self.sxy += x.T @ y
-        edge = HIGH - (HIGH - LOW) / BINS / 2  # histc drops values past its range: clamp them into the end bins
-        self.hist += torch.histc(y.float().clamp(LOW, edge), bins=BINS, min=LOW, max=HIGH).double()
 
     def all_reduce(self) -> None:
-        """Sums the statistics over data-parallel ranks (no-op without an initialised process group)."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return
+        """Sums the statistics over data-parallel ranks."""
         n = torch.tensor([self.n], dtype=torch.float64, device=self.sx.device)
-        for t in (n, self.sx, self.sxx, self.sy, self.syy, self.sxy, self.hist):
-            dist.all_reduce(t)
+        _all_reduce(n, self.sx, self.sxx, self.sy, self.syy, self.sxy)
         self.n = float(n.item())
 
 
@@ -111,10 +115,6 @@ def _contributions(a: torch.Tensor, w_out: torch.Tensor, units: int, chunk: int 
     return out
 
 
-def _router_input(router: nn.Module, residual: torch.Tensor) -> torch.Tensor:
-    return router._input(residual).float()
-
-
 def check_supported(model: nn.Module) -> None:
     """Raises ``ValueError`` naming ``router_init`` when some router of ``model`` cannot be warm-started."""
     from wide.modeling.wrap import runtime_of
@@ -131,68 +131,81 @@ def check_supported(model: nn.Module) -> None:
                                  f"group size {slot.group_size}")
 
 
-@torch.no_grad()
+class _DensePass:
+    """Runs batches through the routed model with every group executed, handing each router's input to
+    ``on_input(layer, kind, residual)`` (the one mechanism of both passes: each `WideLayer`'s ``_decide`` is shadowed
+    for the pass); ``keep`` flattens a ``[B, T, C]`` tensor of the batch to its real tokens."""
+
+    def __init__(self, model: nn.Module, on_input) -> None:
+        from wide.modeling.wrap import runtime_of
+
+        self.model, self.on_input = model, on_input
+        self.layers = runtime_of(model).layers
+        self.rows: Optional[torch.Tensor] = None
+
+    def keep(self, t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(-1, t.shape[-1])
+        return flat if self.rows is None else flat[self.rows]
+
+    @torch.no_grad()
+    def run(self, batches: Iterable[dict], max_tokens: Optional[int] = None) -> int:
+        """The tokens run (every batch's, or until ``max_tokens``)."""
+        for wl in self.layers:
+            def decide(kind, residual, wl=wl):
+                self.on_input(wl, kind, residual)
+                return torch.ones(*residual.shape[:2], wl.slots[kind].num_groups, device=residual.device)
+
+            wl._decide = decide  # an instance attribute: shadows the method until removed below
+        seen = 0
+        try:
+            for batch in batches:
+                ids, mask = batch["input_ids"], batch.get("attention_mask")
+                self.rows = None if mask is None else mask.reshape(-1).bool().to(ids.device)
+                self.model(input_ids=ids, attention_mask=mask, logits_to_keep=1)  # the head's logits are not needed
+                seen += int(ids.numel() if mask is None else mask.sum())
+                if max_tokens is not None and seen >= max_tokens:
+                    break
+        finally:
+            for wl in self.layers:
+                wl.__dict__.pop("_decide", None)
+        return seen
+
+
 def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int) -> dict[tuple[int, str], _Stats]:
     """Runs ``batches`` (model inputs: ``input_ids`` and optionally ``attention_mask``) through ``model`` with every
     group executed until ``max_tokens`` tokens are seen, and returns each router's regression statistics, keyed by
     ``(layer index, kind)``."""
-    from wide.modeling.wrap import runtime_of
-
     check_supported(model)
-    runtime = runtime_of(model)
     arch = getattr(model, "wide_arch", None) or getattr(getattr(model, "base_model", None), "wide_arch", None)
     layers = {getattr(layer, "wide", None): layer for layer in get_path(model, arch.layers)}
     stats: dict[tuple[int, str], _Stats] = {}
     pending: dict[tuple[int, str], torch.Tensor] = {}
-    valid: dict[str, Optional[torch.Tensor]] = {"rows": None}
-    handles, patched = [], []
 
-    def keep(t: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [N, C], real tokens only
-        flat = t.reshape(-1, t.shape[-1])
-        return flat if valid["rows"] is None else flat[valid["rows"]]
+    def on_input(wl, kind, residual):  # what the router reads, until its sub-layer's output projection runs
+        pending[(wl.layer_idx, kind)] = run.keep(wl.routers[kind]._input(residual).float())
 
-    for wl in runtime.layers:
+    run = _DensePass(model, on_input)
+    handles = []
+    for wl in run.layers:
         layer = layers[wl]
-        for kind, slot in wl.slots.items():
-            router = wl.routers[kind]
-            stats[(wl.layer_idx, kind)] = _Stats(router.spec.hidden_size, slot.num_groups)
-        by_gate = {slot.gates[0]: kind for kind, slot in wl.slots.items()}
-
-        def decide(kind, residual, wl=wl):  # the router's input; every group runs
-            pending[(wl.layer_idx, kind)] = keep(_router_input(wl.routers[kind], residual))
-            return torch.ones(*residual.shape[:2], wl.slots[kind].num_groups, device=residual.device)
-
-        wl._decide = decide  # an instance attribute: shadows the method until removed below
-        patched.append(wl)
         outs = {"attn": get_path(get_path(layer, arch.attn), arch.o_proj),
                 "ffn": get_path(get_path(layer, arch.mlp), arch.down_proj)}
-        for gate, kind in by_gate.items():
-            units = outs[gate].in_features // wl.slots[kind].num_groups  # input columns of one group
+        for kind, slot in wl.slots.items():
+            stats[(wl.layer_idx, kind)] = _Stats(wl.routers[kind].spec.hidden_size, slot.num_groups)
+            out = outs[slot.gates[0]]
 
-            def hook(module, args, key=(wl.layer_idx, kind), units=units):
+            def hook(module, args, key=(wl.layer_idx, kind), units=out.in_features // slot.num_groups):
                 x = pending.pop(key, None)
-                if x is None:
-                    return
-                y = torch.log(_contributions(keep(args[0]), module.weight, units) + 1e-8)
-                stats[key].add(x, y)
+                if x is not None:
+                    y = torch.log(_contributions(run.keep(args[0]), module.weight, units) + 1e-8)
+                    stats[key].add(x, y)
 
-            handles.append(outs[gate].register_forward_pre_hook(hook))
-    seen = 0
+            handles.append(out.register_forward_pre_hook(hook))
     try:
-        for batch in batches:
-            ids = batch["input_ids"]
-            mask = batch.get("attention_mask")
-            valid["rows"] = None if mask is None else mask.reshape(-1).bool().to(ids.device)
-            model(input_ids=ids, attention_mask=mask, logits_to_keep=1)  # the head's logits are not needed
-            seen += int(ids.numel() if mask is None else mask.sum())
-            if seen >= max_tokens:
-                break
+        seen = run.run(batches, max_tokens)
     finally:
         for h in handles:
             h.remove()
-        for wl in patched:
-            del wl._decide
-        pending.clear()
     if seen == 0:
         raise ValueError("router_init: 'importance' read no training tokens (the training data gave no batch)")
     for s in stats.values():
@@ -200,9 +213,9 @@ def collect(model: nn.Module, batches: Iterable[dict], max_tokens: int) -> dict[
     return stats
 
 
-def solve(s: _Stats, target: float, ridge: float = 1e-3) -> Fit:
+def solve(s: _Stats, ridge: float = 1e-3) -> Fit:
     """The margin map of one router from its statistics: ridge regression of the log contributions on the input,
-    shifted by the ``target`` quantile of the contributions and divided by their spread."""
+    divided by their spread (its threshold is set by `warm_start`'s second pass)."""
     n = max(s.n, 1.0)
     mx, my = s.sx / n, s.sy / n
     cov = s.sxx / n - torch.outer(mx, mx)
@@ -215,9 +228,8 @@ def solve(s: _Stats, target: float, ridge: float = 1e-3) -> Fit:
     var_y = s.syy / n - my * my
     fitted = (w * (cov @ w)).sum(0)  # Var(x w) per group
     r2 = float(1.0 - ((var_y - 2 * (w * cross).sum(0) + fitted).clamp_min(0).sum() / var_y.sum().clamp_min(1e-12)))
-    tau = quantile(s.hist, min(max(target, 0.0), 1.0))
     spread = math.sqrt(max(float((s.syy.sum() / (n * s.g)) - (s.sy.sum() / (n * s.g)) ** 2), 1e-12))
-    return Fit(weight=(w / spread).float(), bias=((b - tau) / spread).float(), r2=r2, tokens=int(s.n))
+    return Fit(weight=(w / spread).float(), bias=(b / spread).float(), r2=r2, tokens=int(s.n))
 
 
 def quantile(hist: torch.Tensor, q: float) -> float:
@@ -263,40 +275,19 @@ def apply_fit(router: nn.Module, fit: Fit) -> None:
     up.bias[1::2] = (-b / 2).to(up.bias)
 
 
-@torch.no_grad()
-def margin_histograms(model: nn.Module, batches: list[dict]) -> dict[tuple[int, str], torch.Tensor]:
-    """Each router's execute margins over ``batches`` (every group executed), as `BINS`-bin histograms summed over
+def margin_histograms(model: nn.Module, batches: Iterable[dict]) -> dict[tuple[int, str], torch.Tensor]:
+    """Each router's execute margins over ``batches`` (every group executed), as `histogram` counts summed over
     data-parallel ranks."""
-    from wide.modeling.wrap import runtime_of
-
-    runtime = runtime_of(model)
     hists: dict[tuple[int, str], torch.Tensor] = {}
-    valid: dict[str, Optional[torch.Tensor]] = {"rows": None}
-    edge = HIGH - (HIGH - LOW) / BINS / 2
-    for wl in runtime.layers:
-        def decide(kind, residual, wl=wl):
-            g = wl.slots[kind].num_groups
-            m = wl.routers[kind].execute_margin(residual).reshape(-1, g)
-            m = m if valid["rows"] is None else m[valid["rows"]]
-            h = torch.histc(m.float().clamp(LOW, edge), bins=BINS, min=LOW, max=HIGH).double()
-            key = (wl.layer_idx, kind)
-            hists[key] = hists[key] + h if key in hists else h
-            return torch.ones(*residual.shape[:2], g, device=residual.device)
 
-        wl._decide = decide
-    try:
-        for batch in batches:
-            mask = batch.get("attention_mask")
-            valid["rows"] = None if mask is None else mask.reshape(-1).bool().to(batch["input_ids"].device)
-            model(input_ids=batch["input_ids"], attention_mask=mask, logits_to_keep=1)
-    finally:
-        for wl in runtime.layers:
-            wl.__dict__.pop("_decide", None)
-    import torch.distributed as dist
+    def on_input(wl, kind, residual):
+        m = run.keep(wl.routers[kind].execute_margin(residual).reshape(*residual.shape[:2], -1))
+        key = (wl.layer_idx, kind)
+        hists[key] = hists[key] + histogram(m) if key in hists else histogram(m)
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        for h in hists.values():
-            dist.all_reduce(h)
+    run = _DensePass(model, on_input)
+    run.run(batches)
+    _all_reduce(*hists.values())
     return hists
 
 
@@ -323,7 +314,7 @@ def warm_start(model: nn.Module, batches: Iterable[dict], max_tokens: int,
     for wl in layers:
         for kind in wl.slots:
             router = wl.routers[kind]
-            fit = solve(stats[(wl.layer_idx, kind)], router.spec.target_sparsity, ridge)
+            fit = solve(stats[(wl.layer_idx, kind)], ridge)
             apply_fit(router, fit)
             fits[(wl.layer_idx, kind)] = fit
     hists = margin_histograms(model, used)
