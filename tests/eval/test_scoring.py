@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import wide
-from conftest import tiny_model
+from tests.conftest import tiny_model
 from wide.eval.loglik import Encoder, Request, loglikelihoods
 from wide.eval.meter import SparsityMeter, merge_sparsity
 from wide.eval.perplexity import perplexity, windows
@@ -14,7 +14,7 @@ from wide.eval.perplexity import perplexity, windows
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    from conftest import build_tiny_tokenizer
+    from tests.conftest import build_tiny_tokenizer
 
     return build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eval.fakes import build_fake_olmo_eval
+from tests.eval.fakes import build_fake_olmo_eval
 
 
 @pytest.fixture(scope="session")

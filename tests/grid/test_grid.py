@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, set_eval, write_grid
+from tests.grid.grids import METHOD_X_SPARSITY, ROOT, SMOL, set_eval, write_grid
 from wide.grid import grid_main, load_grid, run_grid
 from wide.grid.commands import eval_argv, fit_argv
 from wide.grid.spec import config_value, effective_config

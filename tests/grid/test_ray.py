@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from grid.grids import set_eval, write_grid
+from tests.grid.grids import set_eval, write_grid
 from wide.grid import grid_main, load_grid, run_grid
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
