@@ -144,7 +144,7 @@ def test_a_fit_warm_starts_its_routers_and_a_resume_does_not(tmp_path, tiny_mode
 @pytest.mark.parametrize("args,match", [
     (dict(router_init="zeros"), "router_init: must be one of random, importance"),
     (dict(router_init_tokens=0), "router_init_tokens: must be a positive integer"),
-    (dict(router_init="importance", routing=wide.WideConfig(router="mlp")), "router_init: 'importance' fits"),
+    (dict(router_init="importance", routing=wide.WideConfig(router="mlp")), "router_init: 'importance' fits.*set router_init: random"),
     (dict(router_init="importance", routing=wide.WideConfig(granularity="layer")), "routing.granularity 'width'"),
 ])
 def test_bad_router_init_settings_are_named_before_anything_loads(args, match, tiny_model_dir):

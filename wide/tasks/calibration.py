@@ -38,10 +38,10 @@ class RouterCalibration(WideTask):
         if router_init == "importance":
             if self.routing.router not in WARM_ROUTERS:
                 raise ValueError(f"router_init: 'importance' fits the {' and '.join(WARM_ROUTERS)} routers, not "
-                                 f"routing.router {self.routing.router!r}")
+                                 f"routing.router {self.routing.router!r} (set router_init: random)")
             if self.routing.granularity != "width":
                 raise ValueError("router_init: 'importance' needs routing.granularity 'width' (groups of heads and "
-                                 f"channels), got {self.routing.granularity!r}")
+                                 f"channels), got {self.routing.granularity!r} (set router_init: random)")
         self.router_init = router_init
         self.router_init_tokens = router_init_tokens
 
