@@ -33,7 +33,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     except ImportError:
         pass
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **kwargs)
+    # hub kernels off, as wide.io.loading.pretrained_lm (this module stays free of wide.io's imports)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, use_kernels=False, **kwargs)
     # The weights are dense fp32 now; the GGUF quantizer marker only blocks save_pretrained.
     model.hf_quantizer = None
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():

@@ -81,8 +81,9 @@ def build_model(model: Optional[str], layers: Optional[int], device: str, dtype:
 
     if model:
         from wide.assets import resolve_model
+        from wide.io.loading import pretrained_lm
 
-        m = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=dtype, attn_implementation="sdpa")
+        m = pretrained_lm(resolve_model(model), dtype=dtype, attn_implementation="sdpa")
         if layers:
             m.model.layers = m.model.layers[:layers]
             m.config.num_hidden_layers = layers

@@ -50,11 +50,11 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
             per decode step; the first forward at each new shape compiles. ``True`` uses inductor; a string
             names another ``torch.compile`` backend.
     """
-    from transformers import AutoModelForCausalLM
+    from wide.io.loading import pretrained_lm
 
     path = Path(path)
     meta = read_metadata(path / ROUTERS_FILE)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+    model = pretrained_lm(path, dtype=dtype or "auto")
     if device is not None:
         model.to(device)
     apply_wide(model, meta["wide_config"])

@@ -20,6 +20,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEFAULT_MODEL = "smollm2-135m"
 
 
+def pretrained_lm(path: Any, **kwargs: Any) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` with Hugging Face hub kernels off.
+
+    Where the ``kernels`` package is installed, transformers (>= 5.2x) loads a model with ``use_kernels`` on by
+    default: every ``train()`` / ``eval()`` switch then re-kernelizes its norms and functions, which replaces the
+    forwards ``apply_wide``, ``fuse_glue`` and the routed kernels set on those modules (Lightning switches modes at
+    every validation), and a hub kernel would be fetched from the network. wide owns those forwards, so its loads
+    keep transformers' own code.
+    """
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, use_kernels=False, **kwargs)
+
+
 @dataclass
 class LoadedModel:
     """What ``load_model`` built.
@@ -101,7 +115,7 @@ def load_model(
         lora_alpha: LoRA alpha for checkpoints that do not record it (default 32, LoRARecovery's).
         merge_lora: Merge the adapter (of any kind) into the weights and drop it (as for deployment).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from wide.assets import resolve_model
 
@@ -114,7 +128,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     path = resolve_model(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    lm = pretrained_lm(path, dtype=torch_dtype, attn_implementation=attn_implementation)
     lm.to(dev)
     lm.config.use_cache = False
     cfg = meta["wide_config"] if meta is not None else routing

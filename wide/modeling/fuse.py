@@ -59,6 +59,28 @@ def _compiled(fn: Callable, backend: str) -> Callable:
     return _COMPILED[key]
 
 
+_ROPE_ORIGINALS: dict[str, object] = {}
+"""An architecture file's own ``apply_rotary_pos_emb`` object while its compiled function stands in (`unfuse_glue`)."""
+
+
+def _rope_function(rope: object) -> Optional[Callable]:
+    """The plain function behind an architecture's ``apply_rotary_pos_emb``, or ``None``.
+
+    transformers >= 5.2x with the ``kernels`` package installed turns it into a small ``nn.Module`` (so a hub kernel can
+    replace it per model) whose forward calls the original function, held in the forward's closure; compiling that
+    module would trace its kernel dispatch, so the function itself is compiled. ``None`` (RoPE left eager) when the
+    wrapper holds no such function.
+    """
+    if isinstance(rope, types.FunctionType):
+        return rope
+    forward = getattr(type(rope), "forward", None) if isinstance(rope, nn.Module) else None
+    for cell in getattr(forward, "__closure__", None) or ():
+        value = cell.cell_contents
+        if isinstance(value, types.FunctionType) and value.__name__ == _ROPE:
+            return value
+    return None
+
+
 def _hf_class(module: nn.Module, suffix: str) -> bool:
     cls = type(module)
     return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(suffix)
@@ -139,7 +161,11 @@ def fuse_glue(model: nn.Module, backend: str = "inductor") -> dict[str, int]:
             if rope is None:
                 continue
             if not hasattr(rope, "_wide_original"):
-                setattr(arch_module, _ROPE, _compiled(rope, backend))
+                fn = _rope_function(rope)
+                if fn is None:
+                    continue
+                _ROPE_ORIGINALS[arch_module.__name__] = rope
+                setattr(arch_module, _ROPE, _compiled(fn, backend))
             counts["rope"] += 1
     return counts
 
@@ -155,4 +181,4 @@ def unfuse_glue(model: nn.Module) -> None:
             arch_module = sys.modules[type(module).__module__]
             rope = getattr(arch_module, _ROPE, None)
             if rope is not None and hasattr(rope, "_wide_original"):
-                setattr(arch_module, _ROPE, rope._wide_original)
+                setattr(arch_module, _ROPE, _ROPE_ORIGINALS.pop(arch_module.__name__, rope._wide_original))

@@ -134,18 +134,15 @@ class WideTask(L.LightningModule):
         return torch.bfloat16 if precision.startswith("bf16") else torch.float32
 
     def load_backbone(self) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
         from wide.assets import resolve_model
+        from wide.io.loading import pretrained_lm
 
         path = resolve_model(self.model_name)
         if not sys.stderr.isatty():  # no "Loading weights" bar redrawn with carriage returns into a log file
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=self._backbone_dtype(), attn_implementation=self.attn_implementation
-        )
+        model = pretrained_lm(path, dtype=self._backbone_dtype(), attn_implementation=self.attn_implementation)
         model.config.use_cache = False
         return model
 
