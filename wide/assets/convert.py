@@ -23,7 +23,9 @@ def package_versions() -> dict[str, str]:
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF checkpoint to fp32 and save it as a plain Hugging Face folder."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from wide.io.loading import pretrained_lm
 
     kwargs: dict = {"dtype": torch.float32}
     try:  # transformers >= 5.x keeps GGUF blocks packed unless asked to unpack them
@@ -33,8 +35,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     except ImportError:
         pass
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # hub kernels off, as wide.io.loading.pretrained_lm (this module stays free of wide.io's imports)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, use_kernels=False, **kwargs)
+    model = pretrained_lm(gguf.parent, gguf_file=gguf.name, **kwargs)
     # The weights are dense fp32 now; the GGUF quantizer marker only blocks save_pretrained.
     model.hf_quantizer = None
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
