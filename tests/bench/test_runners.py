@@ -1,6 +1,9 @@
 """The bench's timing runners: the static-cache rewind a captured decode step replays, and the prefill capture's
 mask context."""
 
+import pytest
+import torch
+
 
 def test_static_rewind_keeps_the_context_fixed_across_decode_steps():
     """What the CUDA-graph decode replays: one step plus a device-side rewind of the static cache."""
@@ -102,3 +105,74 @@ def test_decode_runner_cycles_real_tokens_and_averages_their_rates():
     assert abs(mean["realized_by_weight"] - sum(rates) / len(rates)) < 1e-6
     assert len(set(round(r, 6) for r in rates)) > 1  # tokens route differently: one token is not the rate
     assert runner.time(warmup=0, iters=1) > 0
+
+
+def _per_token_by_weight(model):
+    """``[B, T]`` share of the routed weights each token of the last forward skipped."""
+    import wide
+
+    st = wide.sparsity_stats(model)
+    num = sum((st.token_active[k].float() * st.weights[k]).sum(-1) for k in st.kinds)
+    return 1 - num / sum(st.weights[k].sum() for k in st.kinds)
+
+
+def test_decode_runner_decodes_its_tokens_in_sequence_as_generation_does():
+    """Token i of a decode row is stepped at position context + i with tokens 0..i-1 in the cache: its routing and
+    logits are those of the same tokens in one forward over the whole text (a text with holes routed otherwise)."""
+    import torch
+
+    import wide
+    from tests.conftest import tiny_model
+    from wide.bench.models import DECODE_TOKENS, bench_ids, use_text_ids
+    from wide.bench.runners import DecodeRunner
+
+    torch.manual_seed(0)
+    model = tiny_model("llama")
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)).eval()
+    use_text_ids(model, torch.randint(3, 96, (400,), generator=torch.Generator().manual_seed(0)))
+    ctx = 8
+    runner = DecodeRunner(model, 2, ctx, graphs=False)
+    full = torch.cat([bench_ids(model, (2, ctx), "cpu"), runner.pool[:, :, 0].T], dim=1)  # [B, ctx + K]
+    with torch.inference_mode():
+        ref_logits = model(input_ids=full).logits[:, ctx:]
+        ref = _per_token_by_weight(model)[:, ctx:]
+        seen = []
+        for i in range(runner.tokens):
+            runner._one(i)
+            seen.append(_per_token_by_weight(model)[:, 0])
+        assert runner.cache.get_seq_length() == ctx  # back at the prompt for the next round
+        torch.testing.assert_close(torch.stack(seen, 1), ref)
+        # the same tokens once more: the cache was cut back, so the round repeats exactly
+        last = None
+        for i in range(runner.tokens):
+            runner._one(i)
+            if i == 2:
+                last = _per_token_by_weight(model)[:, 0]
+        torch.testing.assert_close(last, ref[:, 2])
+    assert runner.tokens == DECODE_TOKENS and ref_logits.shape[1] == DECODE_TOKENS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (graphs)")
+def test_decode_runner_graph_steps_match_the_eager_sequence():
+    """On the GPU the captured step reads its position from a device buffer: each replay writes and routes token i at
+    context + i (the static cache's counter is set from that buffer), as the eager dynamic-cache steps do."""
+    import wide
+    from tests.conftest import tiny_model
+    from wide.bench.models import use_text_ids
+    from wide.bench.runners import DecodeRunner
+
+    torch.manual_seed(0)
+    model = tiny_model("llama").cuda()
+    wide.apply_wide(model, wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)).eval()
+    use_text_ids(model, torch.randint(3, 96, (400,), generator=torch.Generator().manual_seed(0)))
+    rates = {}
+    for graphs in (False, True):
+        runner = DecodeRunner(model, 2, 8, graphs=graphs)
+        assert runner.mode == ("graph" if graphs else "eager")
+        rates[graphs] = []
+        for _ in range(2):  # two rounds: the second starts at the prompt again
+            for i in range(runner.tokens):
+                runner._one(i)
+                rates[graphs].append(_per_token_by_weight(model)[:, 0].clone())
+    torch.testing.assert_close(torch.stack(rates[True]), torch.stack(rates[False]))

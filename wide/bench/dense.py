@@ -65,8 +65,9 @@ def _register_sliced() -> None:
 def use_attention(model, impl: str, keys: Optional[int] = None):
     """Run ``model`` with the attention implementation ``impl`` inside the block, then restore its own.
 
-    With ``impl == SLICED`` a decode step attends to exactly the first ``keys`` slots of the cache (the filled ones
-    at the bench's fixed context).
+    With ``impl == SLICED`` a decode step attends to exactly the first ``keys`` slots of the cache (a fixed count:
+    the bench's prompt and its first decode token; the `DecodeRunner`'s later tokens read no more keys, which
+    favours the dense side by at most the pool's 15 further keys).
     """
     if impl == SLICED:
         _register_sliced()

@@ -1,5 +1,5 @@
-"""Timing runners: a batch-1 prefill (eager or CUDA graph), a chunked prefill through `wide.Generator`, and one
-decode step at a fixed context (CUDA graph over a static cache, or eager steps over a dynamic cache)."""
+"""Timing runners: a batch-1 prefill (eager or CUDA graph), a chunked prefill through `wide.Generator`, and decode
+steps after a fixed prompt (CUDA graph over a static cache, or eager steps over a dynamic cache)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,13 @@ class ChunkedPrefillRunner:
 
 
 class DecodeRunner:
-    """Times one decode step at a fixed context, under a CUDA graph if capturable, else eagerly.
+    """Times decode steps after a fixed ``context``-token prompt, under a CUDA graph if capturable, else eagerly.
+
+    One :meth:`step` decodes the ``K`` tokens of `decode_ids` in sequence, as generation does: token ``i`` at
+    position ``context + i``, with tokens ``0 .. i-1`` in the cache; the next :meth:`step` starts again at
+    ``context``. (Until 2026-12-04 every token was fed at position ``context`` right after the prompt, without the
+    tokens before it: a text with holes, on which issue 22's Qwen routers skipped 36% by weight against the 48% of
+    the same tokens in sequence, so trained-router rows were timed at a rate below the model's.)
 
     ``step_fn`` runs the decode steps in place of the model (e.g. a ``torch.compile`` of it; the prompt's prefill
     stays the model's own); with ``fallback=False`` a failed capture raises instead of timing eager steps.
@@ -140,8 +146,11 @@ class DecodeRunner:
         self.attn_ctx = attn_ctx
         self.step_fn = step_fn if step_fn is not None else model
         dev = next(model.parameters()).device
-        self.pool = decode_ids(self.model, batch, context, dev)  # [K, B, 1]: the tokens the steps cycle through
+        self.pool = decode_ids(self.model, batch, context, dev)  # [K, B, 1]: the tokens the steps decode in turn
         self.ids = self.pool[0].clone()  # the static input buffer a captured step reads
+        # the steps' positions, and the static buffer a captured step reads its position from
+        self.positions = context + torch.arange(self.pool.shape[0], device=dev)
+        self.pos = self.positions[:1].clone()
         self.mode = "eager"
         self.graph = None
         if graphs and dev.type == "cuda":
@@ -167,18 +176,17 @@ class DecodeRunner:
     def _capture(self, dev):
         from transformers import StaticCache
 
-        cache = StaticCache(config=self.model.config, max_cache_len=self.context + 8)
+        cache = StaticCache(config=self.model.config, max_cache_len=self.context + self.tokens + 8)
         prompt = bench_ids(self.model, (self.batch, self.context), device=dev)
-        pos = torch.tensor([self.context], device=dev)
         with torch.inference_mode():
             self.model(input_ids=prompt, **{cache_kwarg(self.model): cache}, use_cache=True, logits_to_keep=1,
                        cache_position=torch.arange(self.context, device=dev))
-            rewind = static_rewind(cache, self.context)
+            seek = static_seek(cache, self.pos)
 
             def decode_step():
+                seek()  # this step's token writes at its own position (the graph reads ``pos`` at each replay)
                 self.step_fn(input_ids=self.ids, **{cache_kwarg(self.model): cache}, use_cache=True,
-                           cache_position=pos)
-                rewind()  # the next replay writes the same slot: the context stays fixed
+                             cache_position=self.pos)
 
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -198,16 +206,18 @@ class DecodeRunner:
 
     def _one(self, i: int) -> None:
         if self.tokens > 1:
-            self.ids.copy_(self.pool[i])  # one tiny copy a step, on both sides of a ratio
+            self.ids.copy_(self.pool[i])  # two tiny copies a step, on both sides of a ratio
+            self.pos.copy_(self.positions[i:i + 1])
         if self.graph is not None:
             self.graph.replay()
             return
         with torch.inference_mode(), self.attn_ctx():
             self.step_fn(input_ids=self.ids, **{cache_kwarg(self.model): self.cache}, use_cache=True)
-            self.cache.crop(-1)  # drop the new token: the context stays fixed across timed steps
+            if i == self.tokens - 1:
+                self.cache.crop(-self.tokens)  # back to the prompt: the next step() decodes the same tokens
 
     def step(self):
-        """One decode step per token of ``pool`` (each at the same fixed context)."""
+        """The ``pool``'s tokens decoded in sequence after the prompt (one decode step each)."""
         for i in range(self.tokens):
             self._one(i)
 
@@ -248,3 +258,17 @@ def static_rewind(cache, length: int) -> Callable[[], None]:
             c.fill_(length)
     rewind()
     return rewind
+
+
+def static_seek(cache, position: torch.Tensor) -> Callable[[], None]:
+    """A function that sets a static cache's write position to the one-element device tensor ``position``, read
+    when it runs (device ops only: a captured call follows later changes of ``position``). transformers >= 5 static
+    layers write at their own ``cumulative_length`` counter, not at the ``cache_position`` given (`static_rewind`)."""
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", [])
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+    def seek() -> None:
+        for c in counters:
+            c.copy_(position.reshape(()))
+    seek()
+    return seek
