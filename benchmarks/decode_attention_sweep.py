@@ -4,7 +4,7 @@ with 4097 valid keys per row, batch 1 and 16.
 
 Masks per batch: half the head groups at random, the same for every row (batch-coherent) and independent per
 row (per-token), and all groups. The dense baselines read exactly the valid keys (sliced, no mask), as the
-bench's dense side does. CUDA graph of 20 calls, median of 30 replays (`kernels.py`'s graph timer). Prints
+bench's dense side does. CUDA graph of 20 calls, median of 30 replays (`kernel_table.py`'s graph timer). Prints
 the six fastest configs per case and the default (``None``), each with its error against masked sdpa; candidate
 ``splits`` 0 / -2 / 2 mean decode_splits' count, half and twice it.
 

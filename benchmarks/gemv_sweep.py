@@ -2,7 +2,7 @@
 shapes, against cuBLAS.
 
 Each timed call reads a different one of 8 weight copies, as a model's layers do: the H200's 50 MB L2 would
-otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernels.py` reuses one
+otherwise hold a 50%-routed o_proj (17 MB) across back-to-back calls and flatter it (`kernel_table.py` reuses one
 weight). CUDA graph of 3 x 8 calls, median of 30 replays; densities 0.5 (half the groups, random) and 1.0;
 ("list" configs are timed with the plan's group list already built, i.e. without its launch; "local" builds
 each tile's list inside the GEMM); with ``--m 16`` the 50% masks are both batch-coherent (every row the same

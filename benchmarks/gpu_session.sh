@@ -8,7 +8,7 @@
 #   pack          (here) the asset wheels cut into .device/cNN chunks and .device/manifest.txt
 #   recv NN       copy chunk NN to /tmp/up (first call also: wheels -> /tmp/site, manifest)
 #   bench         [detached, last GPU] pytest -m gpu, wide bench (graphs; and fused glue), GEMV sweep, routing ops, profiles
-#   remeasure     [detached, last GPU] the tables BENCHMARKS.md quotes: kernels.py --quick, wide bench's 4k / decode rows
+#   remeasure     [detached, last GPU] the tables BENCHMARKS.md quotes: kernel_table.py --quick, wide bench's 4k / decode rows
 #   ab            [detached, last GPU] the decode rows without and with a kernel option (AB_OPTION=skinny_swap=0, ...)
 #   smollm        [detached, GPU 0] SmolLM2 assets, quality grid (6 cells at once)
 #   qwen          [detached] Qwen2.5-1.5B asset, FSDP2 check on both GPUs, Qwen quality grid beside it
@@ -71,7 +71,7 @@
 #                 then recv 01..25); last.ckpt every QLONG_CKPT (100) steps, shipped back by `SHIP_RESUME=qlong ... status`
 #                 and resumed from next session (`resume`, see ship_resume)
 #   exq           [detached] issue 25's o_proj as experts (benchmarks/experts.py, the 8B shape end to end with
-#                 gemm_k_experts 0 / 1), the kernel table (kernels.py --quick), then (EXQ_QLONG='' skips it) qlong's
+#                 gemm_k_experts 0 / 1), the kernel table (kernel_table.py --quick), then (EXQ_QLONG='' skips it) qlong's
 #                 Qwen stage 1 (QLONG_ONLY=method=wide: both WIDE stages chained, each at QLONG_STEPS), its bench
 #                 with o_proj both ways (assets: recv 00..25 first). Poll it yourself (`sleep 170; status` back
 #                 to back): on 2026-12-03 a helper agent polling with 240 s sleeps let the machine go mid-fit
@@ -237,7 +237,7 @@ _bench)
   python3 benchmarks/gemv_sweep.py --m 16 2>&1 | tee /tmp/res/gemv_sweep_m16.txt
   python3 benchmarks/generate_speed.py --batch 1 16 2>&1 | tee /tmp/res/generate_speed.txt
   python3 benchmarks/generate_speed.py --batch 16 --coherent 2>&1 | tee /tmp/res/generate_speed_coherent.txt
-  python3 benchmarks/kernels.py --ops router_margin,coherent_select,gemm_k_sorted --json /tmp/res/kernels_routing.json 2>&1 \
+  python3 benchmarks/kernel_table.py --ops router_margin,coherent_select,gemm_k_sorted --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.5 --layers 8 2>&1 | tee /tmp/res/profile_4k.txt
   python3 benchmarks/profile_prefill.py --tokens 4096 --sparsity 0.0 --layers 8 2>&1 | tee /tmp/res/profile_4k_0.txt
@@ -259,7 +259,7 @@ _prefill25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   for o in persistent_mn=1 persistent_mn=0; do
-    python3 benchmarks/kernels.py --quick --ops gemm_mn,swiglu --kernel-option $o --json /tmp/res/kernels_mn_${o#*=}.json \
+    python3 benchmarks/kernel_table.py --quick --ops gemm_mn,swiglu --kernel-option $o --json /tmp/res/kernels_mn_${o#*=}.json \
       --md /tmp/res/kernels_mn_${o#*=}.md > /tmp/res/kernels_mn_${o#*=}.log 2>&1; done
   python3 benchmarks/prefill_gemm_sweep.py --m 4096 16384 --ops up_proj --wide > /tmp/res/sweep_up_proj.txt 2>&1
   for g in 1024 2048; do for e in 1 0; do
@@ -277,7 +277,7 @@ _tables)
   # variants incl. the compiled step), the frontier's speed rows at its by-weight rates
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
     > /tmp/res/kernels_quick.log 2>&1
   $W bench --fuse-glue --coherent --prefill 4096 --sparsity 0 0.5 0.75 --decode-batch 1 4 16 ${TABLES_BENCH_ARGS:-} \
     --json /tmp/res/bench_e2e.json > /tmp/res/bench_e2e.md 2>&1
@@ -456,7 +456,7 @@ _throughput)
 _remeasure)
   # BENCHMARKS.md's kernel table and end-to-end rows at this tree (4k prefill, decode b1 / b16, coherent b16)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
-  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
     > /tmp/res/kernels_quick.log 2>&1
   $W bench --fuse-glue --coherent --prefill 4096 --sparsity 0 0.5 --decode-batch 1 16 \
     --json /tmp/res/bench_e2e.json 2>&1 | tee /tmp/res/bench_e2e.md
@@ -473,7 +473,7 @@ _quick)
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --sparsity 0 > /tmp/res/profile_graph_decode_b16_0.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 1 > /tmp/res/profile_graph_decode_b1.txt 2>&1
-  python3 benchmarks/kernels.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
+  python3 benchmarks/kernel_table.py --ops router_margin,coherent_select --json /tmp/res/kernels_routing.json 2>&1 \
     | tee /tmp/res/kernels_routing.md
   # QUICK_SWEEPS=attn: the decode attention sweep; =all: also the GEMV sweeps at batch 1 and 16
   [ -n "${QUICK_SWEEPS:-}" ] && python3 benchmarks/decode_attention_sweep.py > /tmp/res/decode_attention_sweep.txt 2>&1
@@ -490,7 +490,7 @@ _decode)
   # (router_margin per token; coherent_route for coherent decode)
   $W bench --fuse-glue --router lowrank --prefill --sparsity 0 0.5 --decode-batch 1 16 --coherent \
     --json /tmp/res/bench_decode_lowrank.json 2>&1 | tee /tmp/res/bench_decode_lowrank.md
-  python3 benchmarks/kernels.py --ops router_margin,coherent_select,coherent_route 2>&1 | tee /tmp/res/kernels_routing.md
+  python3 benchmarks/kernel_table.py --ops router_margin,coherent_select,coherent_route 2>&1 | tee /tmp/res/kernels_routing.md
   python3 benchmarks/decode_attention_sweep.py --batch 16 --quick 2>&1 | tee /tmp/res/decode_attention_sweep_b16.txt
   python3 benchmarks/profile_decode.py --batch 16 --coherent > /tmp/res/profile_graph_decode_b16c.txt 2>&1
   python3 benchmarks/profile_decode.py --batch 16 --coherent --router lowrank > /tmp/res/profile_graph_decode_b16c_lowrank.txt 2>&1
@@ -734,7 +734,7 @@ _qfrontier)
 _exq)
   # issue 25's o_proj as experts and the kernel table, GPU to itself: benchmarks/experts.py (FFN rows, then gemm_k
   # alone: the 8B o_proj over KV-head units, a down_proj), the 8B shape end to end (FFN groups of 2048 as experts)
-  # with o_proj per tile (gemm_k_experts=0) and as experts (=1), kernels.py --quick; then issue 22's qlong (Qwen WIDE
+  # with o_proj per tile (gemm_k_experts=0) and as experts (=1), kernel_table.py --quick; then issue 22's qlong (Qwen WIDE
   # stage 1 at QLONG_STEPS, the full GPU suite beside it) and wide bench with its routers, o_proj both ways
   # (assets: recv 00..25 first)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
@@ -743,7 +743,7 @@ _exq)
   for e in 0 1; do
     timeout 400 $W bench --fuse-glue --ffn-group-size 2048 --prefill 4096 16384 --sparsity 0 0.5 --decode-batch \
       --kernel-option gemm_k_experts=$e --json /tmp/res/bench_ok$e.json > /tmp/res/bench_ok$e.md 2>&1; done
-  python3 benchmarks/kernels.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
     > /tmp/res/kernels_quick.log 2>&1
   echo EXQ_TIMED
   [ -n "${EXQ_QLONG-1}" ] || { echo EXQ_DONE; exit 0; }

@@ -31,9 +31,9 @@ def _load(name: str):
 def test_the_maintained_scripts_are_the_ones_listed():
     """A new script gets a line in BENCHMARKS.md's "How to run" and a case here; a removed one leaves both."""
     assert SCRIPTS == sorted([
-        "batched_topk", "calibration_throughput", "decode_attention_sweep", "decode_qkv_sweep", "device_assets",
-        "experts", "frontier",
-        "fsdp_check", "gemv_sweep", "generate_batching", "generate_speed", "generator_ttft", "kernels",
+        "batched_topk", "calibration_throughput", "decode_attention_sweep", "decode_qkv_sweep", "decode_rates",
+        "device_assets", "experts", "frontier",
+        "fsdp_check", "gemv_sweep", "generate_batching", "generate_speed", "generator_ttft", "kernel_table",
         "prefill_gemm_sweep",
         "profile_decode", "profile_host", "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
@@ -54,7 +54,7 @@ def test_script_imports_and_prints_its_help(name, capsys):
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if s not in HELPERS | REPORTS | {"fsdp_check"}])
 def test_a_cuda_script_on_a_cpu_machine_says_so_before_any_compute(name, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    argv = {"profile_model": ["--model", "x"]}.get(name, [])
+    argv = {"profile_model": ["--model", "x"], "decode_rates": ["--model", "x", "--checkpoint", "y"]}.get(name, [])
     if name == "calibration_throughput":
         argv = ["--device", "cuda"]
     with pytest.raises(SystemExit) as exc:
@@ -68,9 +68,9 @@ def test_kernel_switches_are_kernel_options_not_environment_variables():
         for env in ("WIDE_PERSISTENT_MN", "WIDE_SKINNY_SWAP", "WIDE_DECODE_FOLD", "AB_ENV"):
             assert env not in text, f"{path.name} still names {env}: use --kernel-option"
     with pytest.raises(SystemExit, match="--kernel-option: unknown kernel option 'skinny'"):
-        _load("kernels").main(["--kernel-option", "skinny=0"])
+        _load("kernel_table").main(["--kernel-option", "skinny=0"])
     with pytest.raises(SystemExit, match="--ops takes"):
-        _load("kernels").main(["--ops", "gemm"])
+        _load("kernel_table").main(["--ops", "gemm"])
 
 
 def test_gpu_session_script_parses():
@@ -297,7 +297,7 @@ def test_generate_batching_runs_on_a_tiny_shape(tmp_path):
 
 def test_kernels_table_runs_through_the_triton_interpreter(tmp_path):
     out = tmp_path / "k.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "kernels.py"), "--smoke", "--ops", "coherent_select",
+    proc = subprocess.run([sys.executable, str(BENCH / "kernel_table.py"), "--smoke", "--ops", "coherent_select",
                            "--kernel-option", "decode_fold=0", "--json", str(out)],
                           capture_output=True, text=True, cwd=BENCH.parent, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -404,3 +404,25 @@ def test_frontier_joins_grid_cells_with_bench_speed_at_the_realized_rate(tmp_pat
         _load("frontier").main([str(grid), "--bench", str(bench), "--prefill-mode", "chunks"])
     with pytest.raises(SystemExit, match="neither cells"):
         _load("frontier").main([str(tmp_path), "--bench", str(bench)])
+
+
+def test_decode_rates_runs_on_cpu_and_the_runner_matches_prefill(tiny_model_dir, tiny_corpus, tmp_path):
+    """benchmarks/decode_rates.py on a tiny model folder with untrained routers: the bench's decode runner routes its
+    tokens exactly as one prefill forward does."""
+    import wide
+    from wide.io.checkpoint import save_trained
+    from wide.io.loading import pretrained_lm
+
+    model = pretrained_lm(tiny_model_dir)
+    cfg = wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)
+    wide.apply_wide(model, cfg)
+    ck = tmp_path / "routers.safetensors"
+    save_trained(model, ck, config=cfg, stage="calibrate")
+    out = tmp_path / "rates.json"
+    _load("decode_rates").main(["--model", tiny_model_dir, "--checkpoint", str(ck), "--device", "cpu",
+                                "--dtype", "fp32", "--context", "24", "--tokens", "6", "--offset", "3",
+                                "--text-source", tiny_corpus, "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert len(res["runner"]) == len(res["prefill"]) == len(res["holes"]) == 6
+    assert max(abs(a - b) for a, b in zip(res["runner"], res["prefill"])) < 1e-6
+    assert res["meta"]["command"]

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from wide.bench.models import bench_ids, decode_ids
+from wide.bench.models import DECODE_TOKENS, bench_ids, decode_ids
 from wide.modeling.generate import cache_kwarg
 
 
@@ -138,15 +138,16 @@ class DecodeRunner:
 
     ``step_fn`` runs the decode steps in place of the model (e.g. a ``torch.compile`` of it; the prompt's prefill
     stays the model's own); with ``fallback=False`` a failed capture raises instead of timing eager steps.
+    ``tokens``: how many text tokens a row decodes (`decode_ids`; random ids: one).
     """
 
     def __init__(self, model, batch: int, context: int, graphs: bool, attn_ctx: Callable = contextlib.nullcontext,
-                 step_fn: Optional[Callable] = None, fallback: bool = True):
+                 step_fn: Optional[Callable] = None, fallback: bool = True, tokens: int = DECODE_TOKENS):
         self.model, self.batch, self.context = model, batch, context
         self.attn_ctx = attn_ctx
         self.step_fn = step_fn if step_fn is not None else model
         dev = next(model.parameters()).device
-        self.pool = decode_ids(self.model, batch, context, dev)  # [K, B, 1]: the tokens the steps decode in turn
+        self.pool = decode_ids(self.model, batch, context, dev, tokens)  # [K, B, 1]: the tokens the steps decode in turn
         self.ids = self.pool[0].clone()  # the static input buffer a captured step reads
         # the steps' positions, and the static buffer a captured step reads its position from
         self.positions = context + torch.arange(self.pool.shape[0], device=dev)

@@ -40,7 +40,7 @@ EXPERT_MIN_GROUP = 1024
 # prefill-sized calls only: below this M the per-group GEMMs get skinny and the per-tile / decode kernels fit.
 # Measured at M=4096 (H200, outside the project: grouped down 1.36/1.59/1.93x and gate+up 1.76/1.83/2.21x
 # faster than dense at groups of 512/1024/2048, 50%); 2048 is a guess between that and decode, to be swept
-# (benchmarks/kernels.py --ops ffn_experts)
+# (benchmarks/kernel_table.py --ops ffn_experts)
 EXPERT_MIN_M = 2048
 # the grouped GEMMs' work scales with the density: from ~1.6x at 50% they break even near 0.8 before the
 # gather and the combine; above this density the per-tile path (whose gemm_k is premask + cuBLAS) runs

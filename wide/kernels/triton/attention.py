@@ -340,7 +340,7 @@ def attention_prefill_routed(q, k, v, out, perm, counts, lengths, gsize: int, ca
 
 # prefill attention at or above this mask density runs dense SDPA and masks its output: the routed kernel at
 # full density took 2.79 ms against flash's 2.17 ms (8 layers, T=4096, H200, 2026-11-30), so it only wins
-# below ~0.78 of the pairs (it scales with the density: 171 us at 50% against flash's 505 us in kernels.py)
+# below ~0.78 of the pairs (it scales with the density: 171 us at 50% against flash's 505 us in kernel_table.py)
 PREFILL_DENSE_DENSITY = 0.8
 # ... for prompts at least this long (shorter ones: attention is a small share, the routed kernel is kept)
 PREFILL_DENSE_MIN_T = 1024

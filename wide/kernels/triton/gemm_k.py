@@ -23,7 +23,7 @@ from .gemm_k_kernels import _gemm_k_kernel, _gemm_k_sorted_kernel, _mask_columns
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
 K_PREMASK_MIN_M = 512
 # ... unless the plan's pattern-sorted tiles need at most this share of their (tile, group) pairs, and M is
-# at least K_SORTED_MIN_M: then gemm_k_sorted. H200, 2026-12-01 (benchmarks/kernels.py --ops gemm_k_sorted,
+# at least K_SORTED_MIN_M: then gemm_k_sorted. H200, 2026-12-01 (benchmarks/kernel_table.py --ops gemm_k_sorted,
 # down_proj shape): its time is ≈ 1.6 x share x cuBLAS's at M=16384 (share 0.48: 1.34x, 0.52: 1.20x) and
 # ≈ 1.6-1.9 x at M=4096 (0.48: 1.10x, 0.62: 0.99x), while building the sorted plan (argsort, gather,
 # partition, one host read) took 0.35-0.65 ms eagerly: a clear net win at 16384 (0.67 ms saved), none at

@@ -1,13 +1,13 @@
 """Routed kernels vs dense baselines on Llama-3.1-8B shapes (hidden 4096, FFN 14336, 32 q / 8 kv heads,
 head_dim 128), bf16, random masks. Prints dense/routed ratios with absolute times.
 
-    PYTHONPATH=. python3 benchmarks/kernels.py            # full table (H200: ~4 min)
-    PYTHONPATH=. python3 benchmarks/kernels.py --quick    # the target rows only
-    PYTHONPATH=. python3 benchmarks/kernels.py --json results.json
-    PYTHONPATH=. python3 benchmarks/kernels.py --tune     # time candidate configs per shape
-    PYTHONPATH=. python3 benchmarks/kernels.py --ops router_margin,coherent_select   # some ops only
-    PYTHONPATH=. python3 benchmarks/kernels.py --quick --kernel-option skinny_swap=0  # an A/B of a default config
-    python benchmarks/kernels.py --smoke --ops gemm_mn                   # CPU dry run (Triton interpreter)
+    PYTHONPATH=. python3 benchmarks/kernel_table.py            # full table (H200: ~4 min)
+    PYTHONPATH=. python3 benchmarks/kernel_table.py --quick    # the target rows only
+    PYTHONPATH=. python3 benchmarks/kernel_table.py --json results.json
+    PYTHONPATH=. python3 benchmarks/kernel_table.py --tune     # time candidate configs per shape
+    PYTHONPATH=. python3 benchmarks/kernel_table.py --ops router_margin,coherent_select   # some ops only
+    PYTHONPATH=. python3 benchmarks/kernel_table.py --quick --kernel-option skinny_swap=0  # an A/B of a default config
+    python benchmarks/kernel_table.py --smoke --ops gemm_mn                   # CPU dry run (Triton interpreter)
 
 Timing: medians of CUDA-event timings. Large ops: ``triton.testing.do_bench`` (L2 flushed between
 runs). Small ops (M <= 128, decode): one CUDA graph holding 20 back-to-back calls, replayed; the same
@@ -585,10 +585,10 @@ def main(argv=None):
     args = parser().parse_args(argv)
     bad = [o for o in (args.ops or "").split(",") if o and o not in OPS]
     if bad:
-        sys.exit(f"kernels.py: --ops takes {', '.join(OPS)}; got {', '.join(bad)}")
+        sys.exit(f"kernel_table.py: --ops takes {', '.join(OPS)}; got {', '.join(bad)}")
     options = common.kernel_options_of(args)
     if not SMOKE and not torch.cuda.is_available():
-        sys.exit("kernels.py: needs a CUDA GPU (or --smoke for a CPU dry run)")
+        sys.exit("kernel_table.py: needs a CUDA GPU (or --smoke for a CPU dry run)")
     _OPTIONS.update(options.changed())
     torch.manual_seed(0)
     print(json.dumps(meta()), flush=True)
