@@ -187,11 +187,14 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     c2, s2 = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)
     q = out if out is not None else torch.empty(B, 1, hq, hd, device=x.device, dtype=x.dtype)
     units = hq + 2 * hk
-    # 128-wide chunks, 8 warps (2026-12-03 H200 sweep, µs before -> after: 8B shape every q head 25.0 -> 18.1, half
-    # of them 23.6 -> 14.5; Qwen2.5-1.5B 7.9 -> 6.4 / 5.3 -> 5.4; SmolLM2 4.6 -> 4.6 / 4.9 -> 5.2)
-    block_k = 32 if interpreting() else 128
-    split = _split(units, triton.cdiv(K, block_k), mask is not None)
-    warps, stages = 8, {}
+    # every q head: 128-wide chunks, 8 warps; a mask: 64-wide chunks (twice the splits where the chunks cap them), 8
+    # warps from K = 4096, else 4 — each shape's fastest of the 2026-12-03 H200 sweep (µs: 8B shape every q head
+    # 18.1, half of them 13.5 (14.5 with 128-wide chunks); Qwen2.5-1.5B 6.4 / 4.8 (5.4); SmolLM2 4.6 / 4.7 (5.2);
+    # `benchmarks/decode_qkv_sweep.py`)
+    masked = mask is not None
+    block_k = 32 if interpreting() else (64 if masked else 128)
+    split = _split(units, triton.cdiv(K, block_k), masked)
+    warps, stages = (4 if masked and K < 4096 else 8), {}
     if config is not None:
         split, block_k, warps, *rest = config
         stages = {"num_stages": rest[0]} if rest else {}
