@@ -97,6 +97,9 @@
 # `recv` installs the Python wheels in .whl/ (git-ignored, carried with every call): what the device image lacks
 # (2026-11 image: torch 2.11, triton 3.6, transformers 5.17, lightning 2.6, peft, torchmetrics, accelerate).
 # Make it here with `bash benchmarks/gpu_session.sh wheels` (pip download, no network needed there).
+# Since 2026-12-04 18:25 UTC the wheels include liger-kernel (0.8.5), so fits there take the recipes' fused Liger loss
+# (`loss.backend: auto`) instead of the torch chunked fallback that every earlier device fit ran: check
+# tests/losses/test_fused.py's GPU cases in the first results before comparing a fit's speed or loss with older ones.
 # Kernel A/B switches are `--kernel-option NAME=0|1` (wide.kernels.KernelOptions), never environment variables.
 # The device's copy of the tree has no git: pass BENCH_COMMIT=<short sha> so results name their commit
 # (benchmarks/common.py writes it, with date, GPU and command, into every --json / --md).
@@ -184,7 +187,7 @@ q22_fits() {
 case "$1" in
 wheels)  # run here, not on the device
   mkdir -p .whl
-  for p in jsonargparse omegaconf antlr4-python3-runtime docstring-parser typeshed-client gguf; do
+  for p in jsonargparse omegaconf antlr4-python3-runtime docstring-parser typeshed-client gguf liger-kernel; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p" || exit 1
   done; ls .whl ;;
