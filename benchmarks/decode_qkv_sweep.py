@@ -6,7 +6,8 @@ device's 4.4): one program per (head, reduction share), two programs per SM in a
 half waves of 256 KB programs. This sweeps the share count (``split``), the reduction chunk (``block_k``) and the
 warps per program, for every q head computed (``mask`` none: the launch beside the side-stream router) and for half of
 them (a 50% mask: the router decided first), and prints the six fastest and the default (``None``) per case, with the
-bytes each call reads over its time. The baseline is one cuBLAS GEMV over the concatenated q / k / v weights (the
+bytes each call reads over its time; then `KernelOptions.decode_qkv_split`'s pair of launches (k / v, then the
+masked q heads) at their default configs. The baseline is one cuBLAS GEMV over the concatenated q / k / v weights (the
 same bytes; no RoPE, no cache write). Each timed call reads another of 8 weight copies (the 50 MB L2 would otherwise
 hold them), CUDA graph of 3 x 8 calls, median of 30 replays.
 
@@ -61,8 +62,8 @@ def main(argv=None) -> None:
         dense_us = graph_ms([lambda w=w: F.linear(x, w) for w in cat]) * 1e3
         print(f"\n{name}: q / k / v {nbytes / 2**20:.1f} MiB; cuBLAS GEMV over the same bytes {dense_us:.1f} us "
               f"({nbytes / dense_us / 1e6:.2f} TB/s)", flush=True)
-        for label, mask in (("every q head", None),
-                            ("50% of the q groups", (torch.rand(1, 1, HQ // (HQ // HK), generator=gen) < 0.5).to(dev))):
+        half = (torch.rand(1, 1, HQ // (HQ // HK), generator=gen) < 0.5).to(dev)
+        for label, mask in (("every q head", None), ("50% of the q groups", half)):
             results = []
             for cfg in CONFIGS:
                 def setup(cfg=cfg, mask=mask):
@@ -84,6 +85,19 @@ def main(argv=None) -> None:
             best, default = min(results), next(r for r in results if r[1] == "None")
             md.append(f"| {name} | {label} | {default[0]:.1f} us | {best[1]}: {best[0]:.1f} us "
                       f"({nbytes / best[0] / 1e6:.2f} TB/s) | {dense_us:.1f} us |")
+        # `KernelOptions.decode_qkv_split`'s two launches at their default configs: k / v (beside the router), then
+        # the masked q heads
+        pos = torch.tensor(7, device=dev)
+        kv = [lambda w=w: host(x, *w, None, *bs, cos, sin, kc, vc, pos, part="kv") for w in ws]
+        pair = [lambda w=w: (host(x, *w, None, *bs, cos, sin, kc, vc, pos, part="kv"),
+                             host(x, *w, half, *bs, cos, sin, kc, vc, pos, part="q")) for w in ws]
+        kv_us, pair_us = graph_ms(kv) * 1e3, graph_ms(pair) * 1e3
+        print(f"  two launches (decode_qkv_split): k / v alone {kv_us:.1f} us, then 50% of the q heads: "
+              f"{pair_us:.1f} us in all", flush=True)
+        rows.append(dict(shape=name, mask="kv, then 50% of the q groups", config="split", us=pair_us, kv_us=kv_us,
+                         dense_us=dense_us))
+        md.append(f"| {name} | k / v, then 50% of the q groups (two launches) | {pair_us:.1f} us (k / v {kv_us:.1f}) "
+                  f"| – | {dense_us:.1f} us |")
     common.report(args, {"rows": rows}, "\n".join(md))
 
 

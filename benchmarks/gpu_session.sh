@@ -89,6 +89,10 @@
 #                 the grid's eval of the result (~16 + 1 min for 20M tokens); last.ckpt every 300 steps under
 #                 runs/quality/qlora/fits/lora, which a re-run on the same machine resumes from (LoRA + routers + AdamW:
 #                 ~250 MB, too big to ship back); assets: recv 00..24 first
+#   split23       [detached] issue 23's decode_qkv_split (k / v beside the side-stream router, then only the q heads
+#                 the rows run): its GPU tests, the 8B shape's decode rows and b1 profile with it off / on, then (if the
+#                 asset chunks are in; SPLIT23_QWEN=0 skips) Qwen2.5-1.5B with .qwen_routers/qlong20m_random.safetensors
+#                 off / on; ~6 min without Qwen
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -221,7 +225,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -721,6 +725,27 @@ _qgroups)
   # finished restored, then the rest (or the QGROUPS widths), three fits sharing the GPU
   qwen_grid ffn_groups_qwen2.5-1.5b 3 $(for g in ${QGROUPS:-}; do echo --only ffn_group=$g; done) ${QG_ARGS:-}
   echo QGROUPS_DONE
+  ;;
+_split23)
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
+    tests/kernels/test_backend_contract.py tests/kernels/test_random_cases.py -k "decode_qkv or split or fused" \
+    > /tmp/res/gpu_tests_split.txt 2>&1; tail -3 /tmp/res/gpu_tests_split.txt
+  for o in 0 1; do
+    timeout 200 $W bench --fuse-glue --coherent --sparsity 0 0.5 --prefill --decode-batch 1 16 \
+      --kernel-option decode_qkv_split=$o --json /tmp/res/bench_8b_split$o.json > /tmp/res/bench_8b_split$o.md 2>&1
+    echo "8b split=$o"; grep "^| decode" /tmp/res/bench_8b_split$o.md
+    timeout 200 python3 benchmarks/profile_decode.py --shape llama-8b --batch 1 --router lowrank --sparsity 0.5 --top 30 \
+      --kernel-option decode_qkv_split=$o > /tmp/res/profile_8b_b1_split$o.txt 2>&1; tail -1 /tmp/res/profile_8b_b1_split$o.txt
+  done
+  if [ "${SPLIT23_QWEN:-1}" = 1 ] && chunks_in && [ -f .qwen_routers/qlong20m_random.safetensors ]; then
+    unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -1
+    for o in 0 1; do
+      timeout 300 $W bench --model qwen2.5-1.5b --checkpoint .qwen_routers/qlong20m_random.safetensors --fuse-glue \
+        --prefill --decode-batch 1 4 16 --kernel-option decode_qkv_split=$o --json /tmp/res/bench_qwen_split$o.json \
+        > /tmp/res/bench_qwen_split$o.md 2>&1; echo "qwen split=$o"; grep "^| decode" /tmp/res/bench_qwen_split$o.md
+    done
+  fi
+  echo SPLIT23_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it

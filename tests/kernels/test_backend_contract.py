@@ -343,6 +343,18 @@ def _decode_qkv_cases(dtype, gen):
 
         yield (f"B={B} K={K} Hq={HQ} Hk={HK} D={D} G={G} bias={bias} mask={kind} eager_rope={eager}", call,
                reference, compare)
+        if kind != "none":
+            def split(be, x=x, ws=ws, bs=bs, cos=cos, sin=sin, mask=mask, cache=cache, pos=pos, eager=eager):
+                """The two halves (`KernelOptions.decode_qkv_split`): k / v beside the router, then the routed q."""
+                k, v = cache[0].clone(), cache[1].clone()
+                at = torch.tensor(pos, device=DEV)
+                kw = dict(q_bias=bs[0], k_bias=bs[1], v_bias=bs[2], cos=cos, sin=sin, k_cache=k, v_cache=v,
+                          position=at, backend=be, eager_rope=eager)
+                assert wk.decode_qkv(x, *ws, None, part="kv", **kw) is None
+                return wk.decode_qkv(x, *ws, mask, part="q", **kw), k, v, at
+
+            yield (f"B={B} K={K} Hq={HQ} Hk={HK} D={D} G={G} bias={bias} mask={kind} as kv then q", split,
+                   reference, compare)
 
 
 CASES = {

@@ -1,5 +1,5 @@
-"""Ahead-of-time compilation of every launched Triton kernel (routing, routed GEMMs, attention, plan) for
-Hopper (sm_90) with Triton's NVIDIA backend, down to a cubin, on a machine without a GPU: catches what
+"""Ahead-of-time compilation of every launched Triton kernel (routing, routed GEMMs, attention, plan, the fused
+decode q / k / v launch) for Hopper (sm_90) with Triton's NVIDIA backend, down to a cubin, on a machine without a GPU: catches what
 the interpreter lets through (types, layouts, unsupported ops, shared memory beyond the SM's) before a
 device run. Numerics are the interpreter tests' and the GPU tests' job.
 
@@ -44,10 +44,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, mangle_type
 from wide.kernels.triton import attention, gemm_k, gemm_mn, partition, router
+from wide.kernels.triton import decode_qkv as qkv_mod
 from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
-MODULES = {"router": router, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention, "partition": partition}
+MODULES = {"router": router, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention, "partition": partition,
+           "decode_qkv": qkv_mod}
 
 
 def launched(mod):
@@ -352,6 +354,30 @@ case("attention", "decode B=4 S=4096 lengths", decode, 4, 4096, HQ, HK, D, 4, le
 case("attention", "decode B=16 S=32768 lengths", decode, 16, 32768, HQ, HK, D, 4, lengths=True)
 case("attention", "decode B=16 S=4096 lengths all heads", decode, 16, 4096, HQ, HK, D, 4, lengths=True, density=1.0)
 
+
+
+def qkv(B, K, HQ, HK, D, G, bias=False, part="all", eager=False):
+    # decode_qkv.decode_qkv's launch (G: head groups of the mask, 0: no mask); caches of a 4k context
+    x, ws = t(B, 1, K), (t(HQ * D, K), t(HK * D, K), t(HK * D, K))
+    bs = (t(HQ * D), t(HK * D), t(HK * D)) if bias else (None, None, None)
+    mask = t(B, 1, G, dtype=torch.bool) if G else None
+    cache = t(B, HK, 4160, D)
+    qkv_mod.decode_qkv(x, *ws, mask, *bs, t(1, 1, D), t(1, 1, D), cache, t(B, HK, 4160, D),
+                       t(1, dtype=torch.int64), eager_rope=eager, part=part)
+
+
+case("decode_qkv", "8B b1 every q head", qkv, 1, 4096, 32, 8, 128, 0)
+case("decode_qkv", "8B b1 half the heads", qkv, 1, 4096, 32, 8, 128, 8)
+case("decode_qkv", "8B b1 k / v part", qkv, 1, 4096, 32, 8, 128, 8, part="kv")
+case("decode_qkv", "8B b1 q part", qkv, 1, 4096, 32, 8, 128, 8, part="q")
+case("decode_qkv", "Qwen2.5-1.5B b16 bias eager RoPE", qkv, 16, 1536, 12, 2, 128, 2, bias=True, eager=True)
+case("decode_qkv", "Qwen2.5-1.5B b5 q part", qkv, 5, 1536, 12, 2, 128, 2, bias=True, part="q")
+case("decode_qkv", "SmolLM2 b1 head dim 64", qkv, 1, 576, 9, 3, 64, 3)
+DT = torch.float32
+case("decode_qkv", "fp32 8B b1", qkv, 1, 4096, 32, 8, 128, 8)
+case("decode_qkv", "fp32 b16", qkv, 16, 1536, 12, 2, 128, 0)
+DT = torch.bfloat16
+
 # compiling releases the GIL (MLIR passes, ptxas): threads share the cores, as Triton's AsyncCompileMode does
 with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
     rows = list(pool.map(run, jobs))
@@ -423,6 +449,11 @@ PATHS = {
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "partition._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
     "partition._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
+    "decode_qkv._decode_qkv_kernel": {"GEMV": lambda c: c["BLOCK_M"] == 1, "tl.dot rows": lambda c: c["BLOCK_M"] > 1,
+                                      "mask": lambda c: c["HAS_MASK"], "every q head": lambda c: not c["HAS_MASK"],
+                                      "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"],
+                                      "eager RoPE": lambda c: c["EAGER_ROPE"],
+                                      "q part (no cache, no bump)": lambda c: not c["BUMP"]},
 }
 
 
@@ -496,3 +527,8 @@ def test_attention_kernels_compile_to_sm90_cubins(compiled):
 @skip_without_toolchain
 def test_partition_kernels_compile_to_sm90_cubins(compiled):
     _check(compiled, "partition")
+
+
+@skip_without_toolchain
+def test_decode_qkv_kernel_compiles_to_sm90_cubins(compiled):
+    _check(compiled, "decode_qkv")

@@ -284,3 +284,35 @@ def test_bf16_decode_rounds_rope_as_the_module_does(monkeypatch):
     with use_kernel_options(decode_qkv=True):
         _static_steps(model, ids, 1)
     assert seen and not any(seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
+@pytest.mark.parametrize("batch", [1, 5])
+def test_gpu_split_launch_beside_the_router_gives_the_one_launch_steps(arch, layout, batch, monkeypatch):
+    """`KernelOptions.decode_qkv_split`: with the attention router on its side stream, k / v and the cache are written
+    beside it (``part="kv"``) and the q heads the rows run after it (``part="q"``); the routers' own decisions (fp32),
+    logits, caches and positions are those of the one launch that computes every q head."""
+    model, ids, feed = gpu_routed(arch, layout, batch, seed=7)
+    model.float()
+    wide.set_overlap_routing(model, True)
+    parts = []
+    real = wide.kernels.decode_qkv
+
+    def spy(*a, part="all", **k):
+        parts.append(part)
+        return real(*a, part=part, **k)
+
+    monkeypatch.setattr(wide.kernels, "decode_qkv", spy)
+    with use_kernel_options(decode_qkv=True, decode_residual=False):
+        one = _static_steps(model, ids, 4, feed)
+        assert parts and set(parts) == {"all"}
+        parts.clear()
+        with use_kernel_options(decode_qkv_split=True):
+            two = _static_steps(model, ids, 4, feed)
+    assert parts and set(parts) == {"kv", "q"} and parts[::2] == ["kv"] * (len(parts) // 2)
+    torch.testing.assert_close(two[0], one[0], rtol=1e-4, atol=1e-4)
+    for a, b in zip(two[1], one[1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert two[2] == one[2]

@@ -186,7 +186,7 @@ def _check_attention(q, k, v, mask, what: str) -> None:
 
 @torch.compiler.disable
 def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin, k_cache,
-               v_cache, position, backend: str = "auto", out=None, eager_rope: bool = False):
+               v_cache, position, backend: str = "auto", out=None, eager_rope: bool = False, part: str = "all"):
     """A decode step's routed q projection, dense k / v projections, RoPE and static-cache write, in one call
     (one launch on the triton backend, `wide.kernels.triton.decode_qkv`).
 
@@ -206,10 +206,16 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
             sin`` rounded to ``x``'s dtype, then their sum); default: in fp32, rounded once (as compiled RoPE,
             `wide.fuse_glue`'s inductor graph). A router downstream reads the result: the reference path's rounding
             keeps its near-zero margins on the same side.
+        part: ``"all"``; ``"kv"``: only k / v, the cache write and the position bump (returns ``None``; the mask is
+            not read: the router may still be deciding); ``"q"``: only q (the cache and ``position`` untouched) —
+            the two halves of one call, in that order, for a step that decides its mask beside the k / v launch
+            (`KernelOptions.decode_qkv_split`).
 
     Returns:
-        q ``[B, 1, Hq, D]``, rotated, zeros in skipped head groups.
+        q ``[B, 1, Hq, D]``, rotated, zeros in skipped head groups (``None`` for ``part="kv"``).
     """
+    if part not in ("all", "q", "kv"):
+        raise ValueError(f"decode_qkv: part must be 'all', 'q' or 'kv', got {part!r}")
     if x.dim() != 3 or x.shape[1] != 1:
         raise ValueError(f"decode_qkv: x {tuple(x.shape)} must be [B, 1, K] (one decode step)")
     B, _, K = x.shape
@@ -241,7 +247,8 @@ def decode_qkv(x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=Non
                 position=position, out=out)
     return dispatch.choose("decode_qkv", backend, call, x.device).decode_qkv(
         x, q_weight, k_weight, v_weight, mask, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias, cos=cos, sin=sin,
-        k_cache=k_cache, v_cache=v_cache, position=position, out=out, **({"eager_rope": True} if eager_rope else {}))
+        k_cache=k_cache, v_cache=v_cache, position=position, out=out, **({"eager_rope": True} if eager_rope else {}),
+        **({"part": part} if part != "all" else {}))
 
 
 @torch.compiler.disable

@@ -55,6 +55,13 @@ class KernelOptions:
     rounded as the module's own path would (`wide.kernels.decode_qkv`'s ``eager_rope``). On by default since
     2026-12-03 (the decode tables of BENCHMARKS.md are measured with it on)."""
 
+    decode_qkv_split: bool = False
+    """With `decode_qkv`, a decode step whose attention router decides on its side stream runs the launch in two: k /
+    v, RoPE, the cache write and the position bump beside the router (``part="kv"``), then the q heads the rows run
+    once the mask is known (``part="q"``), instead of one launch computing every q head because the mask is not known
+    yet. The 8B shape's every-head launch took 18.1 µs against 13.5 with half the q heads (2026-12-03 sweep); the
+    second launch costs a launch. Off until measured end to end on the H200."""
+
     decode_residual: bool = True
     """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the
     routed ``o_proj`` / ``down_proj`` epilogues instead of two add launches (`wide.modeling.fused_residual`). H200

@@ -102,15 +102,22 @@ def _fused_forward(self, hidden: torch.Tensor, layer, kwargs: dict):
     kwargs.pop("cache", None)
     cos, sin = kwargs.pop("position_embeddings")
     attention_mask = kwargs.pop("attention_mask", None)
-    # a router still deciding on its side stream (`set_overlap_routing`) keeps deciding beside this launch, which
-    # then computes every q head (the attention and o_proj wait for the mask); on one stream, the routed q
-    mask = None if wl.routing_pending or "attn" not in wl.group_mask else wl.kernel_mask("attn")[0]
     # RoPE rounded as the module's own path would: once under `fuse_glue`'s inductor graph, per product when eager
     rope = getattr(sys.modules[type(self).__module__], "apply_rotary_pos_emb", None)
-    q = kernels.decode_qkv(hidden, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, mask,
-                           q_bias=self.q_proj.bias, k_bias=self.k_proj.bias, v_bias=self.v_proj.bias, cos=cos,
-                           sin=sin, k_cache=layer.keys, v_cache=layer.values, position=layer.cumulative_length,
-                           backend=wl.backend, eager_rope=getattr(rope, "_wide_backend", None) != "inductor")
+    args = (hidden, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+    kw = dict(q_bias=self.q_proj.bias, k_bias=self.k_proj.bias, v_bias=self.v_proj.bias, cos=cos, sin=sin,
+              k_cache=layer.keys, v_cache=layer.values, position=layer.cumulative_length, backend=wl.backend,
+              eager_rope=getattr(rope, "_wide_backend", None) != "inductor")
+    routed = "attn" in wl.group_mask
+    if routed and wl.routing_pending and kernels.kernel_options().decode_qkv_split:
+        # k / v and the cache beside the side-stream router, then only the q heads the rows run
+        kernels.decode_qkv(*args, None, part="kv", **kw)
+        q = kernels.decode_qkv(*args, wl.kernel_mask("attn")[0], part="q", **kw)
+    else:
+        # a router still deciding on its side stream (`set_overlap_routing`) keeps deciding beside this launch,
+        # which then computes every q head (the attention and o_proj wait for the mask); on one stream, the routed q
+        mask = None if wl.routing_pending or not routed else wl.kernel_mask("attn")[0]
+        q = kernels.decode_qkv(*args, mask, **kw)
     eager = sys.modules[type(self).__module__].eager_attention_forward
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
     extra = {"sliding_window": self.sliding_window} if hasattr(self, "sliding_window") else {}

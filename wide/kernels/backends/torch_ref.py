@@ -106,19 +106,22 @@ class TorchBackend(KernelBackend):
         return self.attention_prefill(q, k, v, mask, causal=False, scale=scale, lengths=lengths, out=out)
 
     def decode_qkv(self, x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin,
-                   k_cache, v_cache, position, out=None, eager_rope=False):
+                   k_cache, v_cache, position, out=None, eager_rope=False, part="all"):
         B, D = x.shape[0], k_cache.shape[-1]
-        q = F.linear(x, q_weight, q_bias).view(B, 1, -1, D)
-        k = F.linear(x, k_weight, k_bias).view(B, 1, -1, D)
-        v = F.linear(x, v_weight, v_bias).view(B, 1, -1, D)
         c, s = cos.reshape(-1, 1, 1, D).float(), sin.reshape(-1, 1, 1, D).float()
-        q, k = rope(q, c, s, eager_rope), rope(k, c, s, eager_rope)
+        if part != "q":  # k / v, the cache write and the position bump
+            k = F.linear(x, k_weight, k_bias).view(B, 1, -1, D)
+            v = F.linear(x, v_weight, v_bias).view(B, 1, -1, D)
+            k = rope(k, c, s, eager_rope)
+            at = position.reshape(1).long()
+            k_cache.index_copy_(2, at, k.transpose(1, 2).to(k_cache.dtype))
+            v_cache.index_copy_(2, at, v.transpose(1, 2).to(v_cache.dtype))
+            position.add_(1)
+        if part == "kv":
+            return None
+        q = rope(F.linear(x, q_weight, q_bias).view(B, 1, -1, D), c, s, eager_rope)
         if mask is not None:
             q = apply_mask(q, expand_groups(mask, q.shape[2] // mask.shape[-1]).unsqueeze(-1))
-        at = position.reshape(1).long()
-        k_cache.index_copy_(2, at, k.transpose(1, 2).to(k_cache.dtype))
-        v_cache.index_copy_(2, at, v.transpose(1, 2).to(v_cache.dtype))
-        position.add_(1)
         return _into(out, q)
 
     def router_margin(self, x, down, up, bias, *, normalize=True, eps=1e-6, decide=True):

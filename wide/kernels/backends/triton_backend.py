@@ -292,11 +292,11 @@ class TritonBackend(KernelBackend):
         return host.router_margin(x, down, up, bias, normalize, eps, decide)
 
     def decode_qkv(self, x, q_weight, k_weight, v_weight, mask, *, q_bias=None, k_bias=None, v_bias=None, cos, sin,
-                   k_cache, v_cache, position, out=None, eager_rope=False):
+                   k_cache, v_cache, position, out=None, eager_rope=False, part="all"):
         from ..triton import decode_qkv as host
 
         return host.decode_qkv(x, q_weight, k_weight, v_weight, mask, q_bias, k_bias, v_bias, cos, sin, k_cache,
-                               v_cache, position, out, eager_rope=eager_rope)
+                               v_cache, position, out, eager_rope=eager_rope, part=part)
 
     def rms_norm_route(self, x, norm_weight, norm_eps, down, up, bias, *, normalize=True, eps=1e-6):
         from ..triton import router as host

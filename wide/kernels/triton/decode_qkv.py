@@ -10,7 +10,10 @@ rotates q and k (HF's ``rotate_half`` form, in fp32, rounded once), and writes q
 group) and k / v into the static cache at the position the cache's counter holds. The last head to finish bumps
 that counter by one, as transformers' ``StaticLayer.update`` does, so the launch is CUDA-graph safe (no host
 read). Without a mask every q head is computed: the attention router may then still be deciding beside this
-launch (its side stream), and only the attention and ``o_proj`` wait for it. No library fuses a routed q
+launch (its side stream), and only the attention and ``o_proj`` wait for it. ``part`` splits the launch in two:
+``"kv"`` (k / v, the cache write and the counter bump) beside the router, then ``"q"`` (the routed q heads alone)
+once the mask is known — two launches that read only the q heads the rows run
+(`KernelOptions.decode_qkv_split`). No library fuses a routed q
 projection with RoPE and a cache write; written here for that reason.
 """
 
@@ -28,14 +31,16 @@ from .tiles import mma
 def _decode_qkv_kernel(
     x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr, mask_ptr,
     q_ptr, kc_ptr, vc_ptr, pos_ptr, ws_ptr, cnt_ptr,
-    M, K, HQ, HK, S, HPG,
+    M, K, HQ, HK, S, HPG, U0, NU,
     sxm, smm, smg, scm, ssm, sqm, sqh, skb, skh, sks, svb, svh, svs,
     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HALF: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EAGER_ROPE: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EAGER_ROPE: tl.constexpr = False, BUMP: tl.constexpr = True,
 ):
-    u = tl.program_id(0)  # the head: q heads [0, HQ), k heads [HQ, HQ + HK), v heads [HQ + HK, HQ + 2 HK)
+    # the head: q heads [0, HQ), k heads [HQ, HQ + HK), v heads [HQ + HK, HQ + 2 HK); this launch runs the NU heads
+    # from U0 on (all of them, the q heads alone or the k / v heads alone); BUMP: it writes the cache (k / v heads)
+    # and moves the cache's position on
+    u = tl.program_id(0) + U0
     s = tl.program_id(1)  # the share of the reduction
-    NU = HQ + 2 * HK
     rm = tl.arange(0, BLOCK_M)
     j = tl.arange(0, HALF)
     rk = tl.arange(0, BLOCK_K)
@@ -149,12 +154,13 @@ def _decode_qkv_kernel(
                 dst = vc_ptr + rm64[:, None] * svb + (u - HQ - HK) * svh + pos * svs + j[None, :]
             tl.store(dst, r_lo.to(kc_ptr.dtype.element_ty), mask=inb)
             tl.store(dst + HALF, r_hi.to(kc_ptr.dtype.element_ty), mask=inb)
-        # the last head to finish moves the cache's write position on (every head read it above)
-        tl.debug_barrier()
-        heads_done = tl.atomic_add(cnt_ptr + NU, 1, sem="acq_rel")
-        if heads_done == NU - 1:
-            tl.store(pos_ptr, pos + 1)
-            tl.store(cnt_ptr + NU, 0)
+        if BUMP:
+            # the launch's last head to finish moves the cache's write position on (every head read it above)
+            tl.debug_barrier()
+            heads_done = tl.atomic_add(cnt_ptr + HQ + 2 * HK, 1, sem="acq_rel")
+            if heads_done == NU - 1:
+                tl.store(pos_ptr, pos + 1)
+                tl.store(cnt_ptr + HQ + 2 * HK, 0)
 
 
 MAX_ROWS = 16
@@ -172,21 +178,23 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
                mask: torch.Tensor, q_bias, k_bias, v_bias, cos: torch.Tensor, sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
                out: torch.Tensor | None = None, config: tuple[int, ...] | None = None,
-               eager_rope: bool = False) -> torch.Tensor:
-    """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]``. ``config``: ``(split,
-    block_k, num_warps)`` or ``(split, block_k, num_warps, num_stages)`` instead of the defaults (triton's own
-    stage count unless given; `benchmarks/decode_qkv_sweep.py`)."""
+               eager_rope: bool = False, part: str = "all") -> torch.Tensor | None:
+    """See `wide.kernels.decode_qkv` (shapes checked there). Returns q ``[B, 1, Hq, D]`` (``None`` for ``part="kv"``).
+    ``config``: ``(split, block_k, num_warps)`` or ``(split, block_k, num_warps, num_stages)`` instead of the
+    defaults (triton's own stage count unless given; `benchmarks/decode_qkv_sweep.py`)."""
     B, K = x.shape[0], x.shape[-1]
     x2 = x.reshape(B, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     hd = k_cache.shape[-1]
     hq, hk = q_weight.shape[0] // hd, k_weight.shape[0] // hd
+    if part == "kv":
+        mask = None  # (k / v heads run for every row)
     m2 = mask.reshape(B, mask.shape[-1]).view(torch.uint8) if mask is not None else x2
     # HF's rotary embedding gives one row when the position ids have one (every row at the same position)
     c2, s2 = cos.reshape(-1, hd).expand(B, hd), sin.reshape(-1, hd).expand(B, hd)
     q = out if out is not None else torch.empty(B, 1, hq, hd, device=x.device, dtype=x.dtype)
-    units = hq + 2 * hk
+    u0, units = {"all": (0, hq + 2 * hk), "q": (0, hq), "kv": (hq, 2 * hk)}[part]
     # every q head: 128-wide chunks, 8 warps; a mask: 64-wide chunks (twice the splits where the chunks cap them), 8
     # warps from K = 4096, else 4 — each shape's fastest of the 2026-12-03 H200 sweep (µs: 8B shape every q head
     # 18.1, half of them 13.5 (14.5 with 128-wide chunks); Qwen2.5-1.5B 6.4 / 4.8 (5.4); SmolLM2 4.6 / 4.7 (5.2);
@@ -201,18 +209,19 @@ def decode_qkv(x: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, 
     if B > MAX_ROWS:
         raise ValueError(f"decode_qkv (triton): at most {MAX_ROWS} rows per launch, got {B}")
     block_m = 1 if B == 1 else 16
-    ws = torch.empty(units * split * block_m * hd, device=x.device, dtype=torch.float32) if split > 1 else q
+    # (indexed by the head over all of them: the "q" / "kv" launches share the layout)
+    ws = torch.empty((hq + 2 * hk) * split * block_m * hd, device=x.device, dtype=torch.float32) if split > 1 else q
     # its own counters: without a mask this launch runs beside the attention router (side stream), whose kernel
     # meets at the shared ones
-    cnt = arrival_counters(x.device, units + 1, owner="decode_qkv")
+    cnt = arrival_counters(x.device, hq + 2 * hk + 1, owner="decode_qkv")
     has_bias = q_bias is not None
     _decode_qkv_kernel[(units, split)](
         x2, q_weight, k_weight, v_weight, q_bias if has_bias else x2, k_bias if has_bias else x2,
         v_bias if has_bias else x2, c2, s2, m2, q, k_cache, v_cache, position, ws, cnt,
-        B, K, hq, hk, k_cache.shape[2], hq // mask.shape[-1] if mask is not None else 1,
+        B, K, hq, hk, k_cache.shape[2], hq // mask.shape[-1] if mask is not None else 1, u0, units,
         x2.stride(0), m2.stride(0), m2.stride(1), c2.stride(0), s2.stride(0), q.stride(0), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
         HAS_BIAS=has_bias, HAS_MASK=mask is not None, HALF=hd // 2, SPLIT=split, BLOCK_M=block_m, BLOCK_K=block_k,
-        EAGER_ROPE=bool(eager_rope), num_warps=warps, **stages)
-    return q
+        EAGER_ROPE=bool(eager_rope), BUMP=part != "q", num_warps=warps, **stages)
+    return None if part == "kv" else q
