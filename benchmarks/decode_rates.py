@@ -8,7 +8,7 @@
   row until 2026-12-04): a text with holes, which trained routers route otherwise.
 
 A CPU is enough (``--device cpu --dtype fp32``: the decisions are the model's, not the kernels'): Qwen2.5-Coder-1.5B
-with issue 22's 20M-token routers, ``--context 4096 --tokens 32``, took 3.5 min on 2 cores (2026-12-04).
+with issue 22's 20M-token routers, ``--context 4096 --tokens 32``, took 3.5–5 min on 2 cores (2026-12-04).
 
     PYTHONPATH=. python3 benchmarks/decode_rates.py --model qwen2.5-1.5b --checkpoint routers.safetensors \
         --device cpu --dtype fp32 --context 4096 --tokens 32
