@@ -93,6 +93,8 @@
 #                 the rows run): its GPU tests, the 8B shape's decode rows and b1 profile with it off / on, then (if the
 #                 asset chunks are in; SPLIT23_QWEN=0 skips) Qwen2.5-1.5B with .qwen_routers/qlong20m_random.safetensors
 #                 off / on; ~6 min without Qwen
+#   next23        [detached] split23 without Qwen (while the asset chunks arrive), then qlora, then split23's Qwen rows
+#                 (~6 + 17 + 3 min; start it with recv 00 and carry .qwen_routers, then recv 01..24, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -225,7 +227,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -727,6 +729,7 @@ _qgroups)
   echo QGROUPS_DONE
   ;;
 _split23)
+  if [ "${SPLIT23_8B:-1}" = 1 ]; then
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
     tests/kernels/test_backend_contract.py tests/kernels/test_random_cases.py -k "decode_qkv or split or fused" \
     > /tmp/res/gpu_tests_split.txt 2>&1; tail -3 /tmp/res/gpu_tests_split.txt
@@ -737,6 +740,7 @@ _split23)
     timeout 200 python3 benchmarks/profile_decode.py --shape llama-8b --batch 1 --router lowrank --sparsity 0.5 --top 30 \
       --kernel-option decode_qkv_split=$o > /tmp/res/profile_8b_b1_split$o.txt 2>&1; tail -1 /tmp/res/profile_8b_b1_split$o.txt
   done
+  fi
   if [ "${SPLIT23_QWEN:-1}" = 1 ] && chunks_in && [ -f .qwen_routers/qlong20m_random.safetensors ]; then
     unpack && $W assets fetch qwen2.5-1.5b 2>&1 | tail -1
     for o in 0 1; do
@@ -746,6 +750,14 @@ _split23)
     done
   fi
   echo SPLIT23_DONE
+  ;;
+_next23)
+  # one session's plan (2026-12-04): split23's GPU tests and 8B rows while the asset chunks arrive, then qlora (stage 2
+  # at 20M tokens), then split23's Qwen rows (the timings never share the GPU with the fit)
+  SPLIT23_QWEN=0 bash benchmarks/gpu_session.sh _split23
+  bash benchmarks/gpu_session.sh _qlora
+  SPLIT23_8B=0 bash benchmarks/gpu_session.sh _split23
+  echo NEXT23_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
