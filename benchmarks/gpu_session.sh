@@ -754,6 +754,9 @@ _split23)
 _next23)
   # one session's plan (2026-12-04): split23's GPU tests and 8B rows while the asset chunks arrive, then qlora (stage 2
   # at 20M tokens), then split23's Qwen rows (the timings never share the GPU with the fit)
+  # the fused Liger loss (new in the wheels) on this GPU first: where its tests fail, the fit takes the torch path
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/losses/test_fused.py > /tmp/res/gpu_tests_liger.txt \
+    2>&1 || export QLORA_LOSS_BACKEND=torch; tail -2 /tmp/res/gpu_tests_liger.txt
   SPLIT23_QWEN=0 bash benchmarks/gpu_session.sh _split23
   bash benchmarks/gpu_session.sh _qlora
   SPLIT23_8B=0 bash benchmarks/gpu_session.sh _split23
@@ -772,6 +775,7 @@ _qlora)
     --model.init_args.routing.granularity width --model.init_args.routing.router lowrank \
     --trainer.max_steps ${QLORA_STEPS:-1220} --trainer.val_check_interval 305 --data.batch_size 16 \
     --trainer.accumulate_grad_batches 1 --wide_checkpoint.dirpath $d --wide_checkpoint.every_n_steps 300 \
+    --model.init_args.loss.backend ${QLORA_LOSS_BACKEND:-auto} \
     --trainer.default_root_dir $d "${resume[@]}" >> /tmp/res/qlora_fit.log 2>&1
   grep "wide: step\|validation\|rate calibration" /tmp/res/qlora_fit.log > /tmp/res/qlora_fit_tail.txt
   echo QLORA_FIT_DONE
