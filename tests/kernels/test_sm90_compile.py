@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of every launched Triton kernel (routing, routed GEMMs, attention, plan, the fused
-decode q / k / v launch) for Hopper (sm_90) with Triton's NVIDIA backend, down to a cubin, on a machine without a GPU: catches what
+decode q / k / v launch, the FFN-as-experts helpers) for Hopper (sm_90) with Triton's NVIDIA backend, down to a cubin, on a machine without a GPU: catches what
 the interpreter lets through (types, layouts, unsupported ops, shared memory beyond the SM's) before a
 device run. Numerics are the interpreter tests' and the GPU tests' job.
 
@@ -45,11 +45,13 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, mangle_type
 from wide.kernels.triton import attention, gemm_k, gemm_mn, partition, router
 from wide.kernels.triton import decode_qkv as qkv_mod
+from wide.kernels.triton import experts as experts_mod
+from wide.kernels.experts import ExpertLayout
 from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
 MODULES = {"router": router, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention, "partition": partition,
-           "decode_qkv": qkv_mod}
+           "decode_qkv": qkv_mod, "experts": experts_mod}
 
 
 def launched(mod):
@@ -163,6 +165,7 @@ for name in KERNELS:
     if mod != "router":
         setattr(MODULES[mod], attr, Recorder(name))
 attention._sm_count = lambda device: 132  # H200: decode_splits sizes the key split from the SM count
+experts_mod.programs = lambda device, per_sm: 132 * per_sm  # the experts' persistent grids: the H200's SMs
 
 
 DT = torch.bfloat16  # activations and weights; the fp32 cases below switch it
@@ -373,6 +376,23 @@ case("decode_qkv", "8B b1 q part", qkv, 1, 4096, 32, 8, 128, 8, part="q")
 case("decode_qkv", "Qwen2.5-1.5B b16 bias eager RoPE", qkv, 16, 1536, 12, 2, 128, 2, bias=True, eager=True)
 case("decode_qkv", "Qwen2.5-1.5B b5 q part", qkv, 5, 1536, 12, 2, 128, 2, bias=True, part="q")
 case("decode_qkv", "SmolLM2 b1 head dim 64", qkv, 1, 576, 9, 3, 64, 3)
+
+
+def experts(M, N, G, width, dtype=None):
+    # the FFN-as-experts helpers (wide.kernels.triton.experts): the layout of an [M, G] mask, the rows / column
+    # blocks gathered, SwiGLU over the grouped rows, the fixed-order combine of the partial rows
+    dt = dtype or DT
+    ends, rows, slot = experts_mod.build_layout(t(M, G, dtype=torch.bool))
+    lay = ExpertLayout(ends=ends, rows=rows, slot=slot, capacity=M * G, counts=None)
+    experts_mod.gather_rows(t(M, N, dtype=dt), lay)
+    experts_mod.gather_cols(t(M, G * width, dtype=dt), lay, width)
+    experts_mod.swiglu_rows(t(M * G, width, dtype=dt), t(M * G, width, dtype=dt), lay)
+    experts_mod.combine(t(M * G, N, dtype=dt), slot, t(M, N, dtype=dt))
+
+
+case("experts", "8B FFN groups of 1024, M=4096", experts, 4096, 4096, 14, 1024)
+case("experts", "8B o_proj groups of 512, M=16384", experts, 16384, 4096, 8, 512)
+case("experts", "fp32 M=2048", experts, 2048, 1536, 7, 1280, torch.float32)
 DT = torch.float32
 case("decode_qkv", "fp32 8B b1", qkv, 1, 4096, 32, 8, 128, 8)
 case("decode_qkv", "fp32 b16", qkv, 16, 1536, 12, 2, 128, 0)
@@ -449,6 +469,11 @@ PATHS = {
     "attention._decode_reduce_kernel": {"lengths": lambda c: c["HAS_LEN"], "no lengths": lambda c: not c["HAS_LEN"]},
     "partition._partition_kernel": {"BLOCK 256": lambda c: c["BLOCK"] == 256, "BLOCK 1024": lambda c: c["BLOCK"] == 1024},
     "partition._group_list_kernel": {"one row": lambda c: c["BLOCK_M"] == 1, "row blocks": lambda c: c["BLOCK_M"] > 1},
+    "experts._layout_kernel": {"any": lambda c: True},
+    "experts._gather_rows_kernel": {"any": lambda c: True},
+    "experts._gather_cols_kernel": {"any": lambda c: True},
+    "experts._swiglu_rows_kernel": {"any": lambda c: True},
+    "experts._combine_kernel": {"any": lambda c: True},
     "decode_qkv._decode_qkv_kernel": {"GEMV": lambda c: c["BLOCK_M"] == 1, "tl.dot rows": lambda c: c["BLOCK_M"] > 1,
                                       "mask": lambda c: c["HAS_MASK"], "every q head": lambda c: not c["HAS_MASK"],
                                       "split-K": lambda c: c["SPLIT"] > 1, "bias": lambda c: c["HAS_BIAS"],
@@ -532,3 +557,8 @@ def test_partition_kernels_compile_to_sm90_cubins(compiled):
 @skip_without_toolchain
 def test_decode_qkv_kernel_compiles_to_sm90_cubins(compiled):
     _check(compiled, "decode_qkv")
+
+
+@skip_without_toolchain
+def test_expert_kernels_compile_to_sm90_cubins(compiled):
+    _check(compiled, "experts")
