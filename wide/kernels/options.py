@@ -60,7 +60,9 @@ class KernelOptions:
     v, RoPE, the cache write and the position bump beside the router (``part="kv"``), then the q heads the rows run
     once the mask is known (``part="q"``), instead of one launch computing every q head because the mask is not known
     yet. The 8B shape's every-head launch took 18.1 µs against 13.5 with half the q heads (2026-12-03 sweep); the
-    second launch costs a launch. Off until measured end to end on the H200."""
+    second launch costs a launch. Off: end to end it is slower (H200 2026-12-05, 8B shape, 50%, batch 1: 3.49 ms
+    against 3.37 without; batch 16 6.16 against 5.92; BENCHMARKS.md), the second launch and the wait for the router
+    costing more than the skipped q heads save."""
 
     decode_residual: bool = True
     """Decode steps (at most 64 rows) of a routed Llama / Qwen2 decoder layer add the residual stream inside the
