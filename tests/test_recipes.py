@@ -214,3 +214,24 @@ def test_speed_override_composes_with_a_recipe(tmp_path, tiny_model_dir, tiny_co
           *tiny_routing(recipe.read_text()), "--trainer.fast_dev_run", "1"])
     cfg = read_metadata(tmp_path / "wide" / "routers.safetensors")["wide_config"]
     assert cfg.sparsity_measure == "weight" and cfg.sparsity == 0.5 and cfg.router == "lowrank"
+
+
+def test_one_stage_lora_with_router_lr_trains_from_scratch(tmp_path, tiny_model_dir, tiny_corpus):
+    """The targets grid's ``joint`` cell: the stage-2 recipe without a stage-1 checkpoint (routing given whole),
+    the routers at ``router_lr`` with stage 1's temperature start, LoRA at ``lr``; it writes routers and LoRA."""
+    import json
+
+    recipe = ROOT / "recipes/qwen2.5-1.5b/lora_distill.yaml"
+    routing = {"sparsity": 0.5, "sparsity_measure": "weight", "granularity": "width", "attn_group_size": 2,
+               "ffn_group_size": 32, "router": "lowrank", "router_rank": 4}
+    main(["fit", "--config", str(recipe), *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
+          "--model.init_args.router_checkpoint", "null", "--model.init_args.routing", json.dumps(routing),
+          "--model.init_args.router_lr", "2e-3", "--temperature.start", "5.0", "--model.init_args.fuse_glue", "false",
+          "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2"])
+    out = tmp_path / "wide" / "routers.safetensors"
+    meta = read_metadata(out)
+    assert meta["stage"] == "lora" and meta["wide_config"].router == "lowrank"
+    from safetensors import safe_open
+    with safe_open(str(out), "pt") as f:
+        names = list(f.keys())
+    assert any(".wide.routers." in f".{n}" for n in names) and any("lora_A" in n for n in names)

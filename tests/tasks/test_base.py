@@ -227,3 +227,51 @@ def test_fuse_glue_compiles_the_built_models_glue(tiny_model_dir):
         finally:
             unfuse_glue(task.model)
     torch._dynamo.reset()
+
+
+def _optimizer_groups(task):
+    from types import SimpleNamespace
+
+    task._trainer = SimpleNamespace(estimated_stepping_batches=10)
+    out = task.configure_optimizers()
+    names = {id(p): n for n, p in task.model.named_parameters()}
+    return out["optimizer"], [(g["initial_lr"], g["weight_decay"], [names[id(p)] for p in g["params"]])
+                              for g in out["optimizer"].param_groups]
+
+
+def test_router_lr_gives_the_routers_their_own_learning_rate(tiny_model_dir):
+    """``router_lr``: a stage-2 (LoRA) task trains its routers at their own peak rate and LoRA at ``lr``, each split
+    into decayed matrices and undecayed vectors; the schedule scales both the same way."""
+    from wide.tasks import LoRARecovery
+
+    cfg = wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)
+    task = LoRARecovery(model=tiny_model_dir, routing=cfg, lora_r=4, lr=2e-4, router_lr=2e-3, weight_decay=0.01)
+    task.configure_model()
+    opt, groups = _optimizer_groups(task)
+    trained = {n for n, p in task.model.named_parameters() if p.requires_grad}
+    assert {n for *_, ns in groups for n in ns} == trained and sum(len(ns) for *_, ns in groups) == len(trained)
+    for lr, wd, ns in groups:
+        routers = [".wide.routers." in f".{n}" for n in ns]
+        assert all(routers) if lr == 2e-3 else not any(routers)
+        assert lr in (2e-4, 2e-3) and wd in (0.0, 0.01)
+    assert any(lr == 2e-3 and ns for lr, _, ns in groups) and any(lr == 2e-4 and ns for lr, _, ns in groups)
+    assert any("lora_A" in n for lr, _, ns in groups if lr == 2e-4 for n in ns)
+
+
+def test_without_router_lr_the_optimizer_keeps_its_two_groups(tiny_model_dir):
+    """No ``router_lr``: one learning rate and the two groups (decayed, undecayed) that resume checkpoints written
+    before the option hold."""
+    from wide.tasks import RouterCalibration
+
+    task = RouterCalibration(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32), lr=1e-3)
+    task.configure_model()
+    opt, groups = _optimizer_groups(task)
+    assert [(lr, wd) for lr, wd, _ in groups] == [(1e-3, task.weight_decay), (1e-3, 0.0)]
+
+
+@pytest.mark.parametrize("value", [0, -1e-3, True, "2e-3"])
+def test_router_lr_checked_before_anything_loads(value, tiny_model_dir):
+    from wide.tasks import LoRARecovery
+
+    with pytest.raises(ValueError, match="router_lr"):
+        LoRARecovery(model=tiny_model_dir, routing=wide.WideConfig(sparsity=0.5, ffn_group_size=32), router_lr=value)

@@ -54,6 +54,9 @@ class WideTask(L.LightningModule):
             The values do not change beyond rounding; the first steps pay the compile (seconds).
         loss: The objective besides the sparsity term (``LossConfig``: ``lm``, ``kd``, ``temperature``, ``hidden``,
             ``backend``); default plain next-token cross-entropy.
+        router_lr: Peak learning rate of the routers' parameters, where it should differ from ``lr`` (the other
+            trained tensors'): stage 2 trains LoRA at 2e-4, and from scratch (no stage-1 checkpoint) its routers want
+            stage 1's 2e-3. Same warmup and cosine schedule. ``None``: the routers train at ``lr``.
     """
 
     stage = "base"
@@ -73,6 +76,7 @@ class WideTask(L.LightningModule):
         gradient_checkpointing: bool = False,
         fuse_glue: Union[bool, str] = False,
         loss: Optional[LossConfig] = None,
+        router_lr: Optional[float] = None,
     ):
         super().__init__()
         loss = loss if loss is not None else LossConfig()
@@ -93,6 +97,9 @@ class WideTask(L.LightningModule):
                              "not reach it")
         if not lr > 0:
             raise ValueError(f"lr: must be > 0, got {lr!r}")
+        if router_lr is not None and (isinstance(router_lr, bool) or not isinstance(router_lr, (int, float))
+                                      or not router_lr > 0):
+            raise ValueError(f"router_lr: must be None (the routers train at lr) or a number > 0, got {router_lr!r}")
         if not 0 <= warmup_ratio < 1:
             raise ValueError(f"warmup_ratio: must be in [0, 1), got {warmup_ratio!r}")
         if not 0 <= min_lr_ratio <= 1:
@@ -106,6 +113,7 @@ class WideTask(L.LightningModule):
         self.lam = lam
         self.layer_cap = None if layer_cap is None else float(layer_cap)
         self.lr = lr
+        self.router_lr = None if router_lr is None else float(router_lr)
         self.weight_decay = weight_decay
         self.warmup_ratio = warmup_ratio
         self.min_lr_ratio = min_lr_ratio
@@ -346,12 +354,19 @@ class WideTask(L.LightningModule):
         params = self.trainable_parameters()
         if not params:
             raise ValueError("model: nothing to train (no router or LoRA parameter requires grad)")
-        decay = [p for p in params if p.ndim >= 2]
-        no_decay = [p for p in params if p.ndim < 2]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.lr,
-        )
+        lr_of = {id(p): self.lr for p in params}
+        if self.router_lr is not None:
+            for name, p in self.model.named_parameters():
+                if id(p) in lr_of and ".wide.routers." in f".{name}":
+                    lr_of[id(p)] = self.router_lr
+        groups = []
+        # decay on matrices only; two groups per learning rate, kept when empty, so a resume checkpoint's optimizer
+        # state has the same groups as the run that wrote it (before router_lr: one pair)
+        for lr in sorted(set(lr_of.values())):
+            for decay in (True, False):
+                group = [p for p in params if lr_of[id(p)] == lr and (p.ndim >= 2) == decay]
+                groups.append({"params": group, "lr": lr, "weight_decay": self.weight_decay if decay else 0.0})
+        opt = torch.optim.AdamW(groups, lr=self.lr)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = int(self.warmup_ratio * total)
         floor = self.min_lr_ratio
