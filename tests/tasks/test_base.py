@@ -5,6 +5,7 @@ import torch
 
 import wide
 from tests.conftest import tiny_config, tiny_model
+from wide.io.checkpoint import is_router_name
 from wide.tasks.base import batch_seed
 from wide.tasks.checks import check_resume_file, check_router_checkpoint, check_routing, check_seq_len
 
@@ -251,7 +252,7 @@ def test_router_lr_gives_the_routers_their_own_learning_rate(tiny_model_dir):
     trained = {n for n, p in task.model.named_parameters() if p.requires_grad}
     assert {n for *_, ns in groups for n in ns} == trained and sum(len(ns) for *_, ns in groups) == len(trained)
     for lr, wd, ns in groups:
-        routers = [".wide.routers." in f".{n}" for n in ns]
+        routers = [is_router_name(n) for n in ns]
         assert all(routers) if lr == 2e-3 else not any(routers)
         assert lr in (2e-4, 2e-3) and wd in (0.0, 0.01)
     assert any(lr == 2e-3 and ns for lr, _, ns in groups) and any(lr == 2e-4 and ns for lr, _, ns in groups)

@@ -15,6 +15,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from wide.io.checkpoint import is_router_name
+
 __all__ = ["PEAK_TFLOPS", "TokenThroughput", "peak_tflops", "train_flops_per_token"]
 
 PEAK_TFLOPS: dict[str, float] = {
@@ -48,7 +50,7 @@ def _matmul_elements(model: nn.Module) -> dict[str, float]:
         weight = getattr(module, "weight", None)
         if not isinstance(module, nn.Linear) or weight is None:
             continue
-        role = ("head" if module is head else "router" if ".wide.routers." in f".{name}"
+        role = ("head" if module is head else "router" if is_router_name(name)
                 else "lora" if "lora_" in name else "backbone")
         out[role] += float(weight.numel())
         if id(module) in sparse:

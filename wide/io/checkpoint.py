@@ -50,9 +50,14 @@ def model_identity(model: nn.Module) -> dict[str, Any]:
     return ident
 
 
+def is_router_name(name: str) -> bool:
+    """Whether a parameter or module name lies inside a routed layer's routers (`wide.modeling.wrap` names them)."""
+    return ".wide.routers." in f".{name}"
+
+
 def is_trained_name(name: str) -> bool:
     """Whether a parameter name belongs to what `wide` trains and saves: routers and adapters (LoRA, SHiRA)."""
-    return ".wide.routers." in f".{name}" or is_adapter_name(name)
+    return is_router_name(name) or is_adapter_name(name)
 
 
 def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from torchmetrics import MeanMetric
 
 import wide
 from wide.config import WideConfig
+from wide.io.checkpoint import is_router_name
 from wide.io.loading import DEFAULT_MODEL, DTYPES
 from wide.losses import LossConfig, counted_tokens, lm_loss, objective
 
@@ -357,7 +358,7 @@ class WideTask(L.LightningModule):
         lr_of = {id(p): self.lr for p in params}
         if self.router_lr is not None:
             for name, p in self.model.named_parameters():
-                if id(p) in lr_of and ".wide.routers." in f".{name}":
+                if id(p) in lr_of and is_router_name(name):
                     lr_of[id(p)] = self.router_lr
         groups = []
         # decay on matrices only; two groups per learning rate, kept when empty, so a resume checkpoint's optimizer

@@ -10,7 +10,7 @@ from torch import nn
 from wide.config import WideConfig
 from wide.io.adapters import (ADAPTERS, DEFAULT_LORA_ALPHA, class_path, inject_adapter, is_adapter_name,
                               resolve_adapter)
-from wide.io.checkpoint import load_trained, read_metadata
+from wide.io.checkpoint import is_router_name, load_trained, read_metadata
 from wide.io.loading import DEFAULT_MODEL
 from wide.tasks.base import WideTask
 
@@ -101,7 +101,7 @@ class LoRARecovery(WideTask):
             adapter = is_adapter_name(name)
             if adapter:
                 p.data = p.data.float()  # optimizer state in fp32 even over a bf16 backbone
-            p.requires_grad_(adapter or (self.train_routers and ".wide.routers." in f".{name}"))
+            p.requires_grad_(adapter or (self.train_routers and is_router_name(name)))
         rank_zero_info(self.budget_line(model))
         return model
 
