@@ -819,10 +819,14 @@ _smoljoint)
     --data.seq_len 512 --data.batch_size 16 --trainer.max_steps 300 --wide_checkpoint.dirpath runs/smol23 \
     --trainer.default_root_dir runs/smol23 > /tmp/res/smol23_fit.log 2>&1
   grep "wide: step\|validation\|rate calibration" /tmp/res/smol23_fit.log > /tmp/res/smol23_fit_tail.txt; echo SMOL23_FIT_DONE
+  smol_bench() { [ -f runs/smol23/routers.safetensors ] && timeout 300 $W bench --model smollm2-135m \
+    --checkpoint runs/smol23/routers.safetensors --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 \
+    --json /tmp/res/smol23_bench.json > /tmp/res/smol23_bench.md 2>&1; tail -14 /tmp/res/smol23_bench.md; echo SMOL23_BENCH_DONE; }
+  # SMOL_FIRST=1: the bench before the joint fit (a short session keeps it whatever happens to the fit)
+  [ "${SMOL_FIRST:-0}" = 1 ] && smol_bench
   bash benchmarks/gpu_session.sh _joint
-  [ -f runs/smol23/routers.safetensors ] && timeout 300 $W bench --model smollm2-135m --checkpoint runs/smol23/routers.safetensors \
-    --fuse-glue --coherent --prefill 1024 4096 --decode-batch 1 4 16 --json /tmp/res/smol23_bench.json > /tmp/res/smol23_bench.md 2>&1
-  tail -14 /tmp/res/smol23_bench.md; echo SMOLJOINT_DONE
+  [ "${SMOL_FIRST:-0}" = 1 ] || smol_bench
+  echo SMOLJOINT_DONE
   ;;
 _qlora)
   # issue 22: stage 2 (LoRA, distilled) alone from carried stage-1 routers, as the targets grid's lora cell runs it
