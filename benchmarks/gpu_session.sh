@@ -824,7 +824,7 @@ _smoljoint)
     --json /tmp/res/smol23_bench.json > /tmp/res/smol23_bench.md 2>&1; tail -14 /tmp/res/smol23_bench.md; echo SMOL23_BENCH_DONE; }
   # SMOL_FIRST=1: the bench before the joint fit (a short session keeps it whatever happens to the fit)
   [ "${SMOL_FIRST:-0}" = 1 ] && smol_bench
-  bash benchmarks/gpu_session.sh _joint
+  [ "${JOINT_STEPS:-1220}" -gt 0 ] && bash benchmarks/gpu_session.sh _joint  # JOINT_STEPS=0: SmolLM2 alone (recv 00..03)
   [ "${SMOL_FIRST:-0}" = 1 ] || smol_bench
   echo SMOLJOINT_DONE
   ;;
