@@ -231,3 +231,20 @@ def test_one_stage_lora_with_router_lr_trains_from_scratch(tmp_path, tiny_model_
     with safe_open(str(out), "pt") as f:
         names = list(f.keys())
     assert any(is_router_name(n) for n in names) and any("lora_A" in n for n in names)
+
+
+def test_qwen_joint_recipe_is_stage_one_routing_with_stage_two_adapter():
+    """joint_distill.yaml (issue 22, QUALITY.md "One joint stage"): no router checkpoint; the routers as calibrate.yaml
+    sets them but targeted by weight, at stage 1's learning rate and temperature schedule; LoRA, loss and data as
+    lora_distill.yaml."""
+    import yaml
+
+    qwen = ROOT / "recipes/qwen2.5-1.5b"
+    joint, cal, lora = (yaml.safe_load((qwen / n).read_text())
+                        for n in ("joint_distill.yaml", "calibrate.yaml", "lora_distill.yaml"))
+    j = joint["model"]["init_args"]
+    assert "router_checkpoint" not in j and j["routing"] == {**cal["model"]["init_args"]["routing"], "sparsity_measure": "weight"}
+    assert (j["router_lr"], joint["temperature"]) == (cal["model"]["init_args"]["lr"], cal["temperature"])
+    for key in ("lora_r", "lora_alpha", "lora_dropout", "train_routers", "lr", "loss", "lam"):
+        assert j[key] == lora["model"]["init_args"][key], key
+    assert joint["data"] == lora["data"]
