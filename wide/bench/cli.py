@@ -34,7 +34,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wide bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="local model / asset (default: random Llama-3.1-8B shape)")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N decoder layers")
-    p.add_argument("--checkpoint", default=None, help="trained routers (.safetensors) instead of synthetic masks")
+    p.add_argument("--checkpoint", default=None,
+                   help="a `wide fit` output (.safetensors) instead of synthetic masks: its routers, and a stage-2 "
+                        "file's adapter merged into the weights as deployed")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help="LoRA alpha of a stage-2 --checkpoint that does not record it (default 32, LoRARecovery's)")
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
                    help="target sparsities (0: the routed overhead with every group executing)")
     p.add_argument("--prefill", type=int, nargs="*", default=[1024, 4096, 16384])

@@ -68,11 +68,14 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
         torch._dynamo.reset()  # drops the compiled dense steps (and what their guards hold) before routing
 
     if args.checkpoint:
-        from wide.io.checkpoint import load_trained, read_metadata
+        from wide.io.checkpoint import read_metadata
+        from wide.io.loading import apply_checkpoint
 
-        cfg = read_metadata(args.checkpoint)["wide_config"]
-        wide.apply_wide(model, cfg)
-        load_trained(model, args.checkpoint)
+        meta = read_metadata(args.checkpoint)
+        cfg = meta["wide_config"]
+        # a stage-2 file's adapter is merged into the weights, as deployed: the routers read the hidden states
+        # they were trained on, and the timed GEMMs are the plain (merged) ones
+        apply_checkpoint(model, meta, lora_alpha=args.lora_alpha)
         sparsities = [cfg.sparsity]
     else:
         cfg = wide.WideConfig(sparsity=max(args.sparsity), router=args.router, attn_group_size=args.attn_group_size,

@@ -115,10 +115,9 @@ def quality_rows(args) -> list[dict]:
     model = build_model(args.model, args.layers, args.device, dtype)
     tok = AutoTokenizer.from_pretrained(resolve_model(args.model))
     if args.checkpoint:
-        from wide.io.checkpoint import load_trained, read_metadata
+        from wide.io.loading import apply_checkpoint
 
-        wide.apply_wide(model, read_metadata(args.checkpoint)["wide_config"])
-        load_trained(model, args.checkpoint)
+        apply_checkpoint(model, args.checkpoint, lora_alpha=args.lora_alpha)  # a stage-2 adapter merged, as deployed
     else:
         wide.apply_wide(model, wide.WideConfig(sparsity=args.sparsity[0], router="topk",
                                                attn_group_size=args.attn_group_size, ffn_group_size=args.ffn_group_size))

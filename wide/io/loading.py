@@ -142,29 +142,48 @@ def load_model(
         "device": str(dev),
         "attn_implementation": attn_implementation,
     }
-    if cfg is not None:
-        apply_wide(lm, cfg)
     if meta is not None:
-        adapters = read_adapters(meta["path"], meta["extra"], alpha=lora_alpha)  # at most one
-        adapter = None
-        for name, settings in adapters.items():
-            inject_adapter(lm, name, settings)
-            adapter = {"name": name, "label": ADAPTERS.get(name)().describe(settings), **settings}
-        if adapters:
-            for p in lm.parameters():
-                p.requires_grad_(False)
-        load_trained(lm, meta["path"])
-        if adapters and merge_lora:
-            merge_adapters(lm)
-        info["checkpoint"] = {"path": meta["path"], "stage": meta["stage"], "step": meta["step"],
-                              "extra": meta["extra"], "lora": adapters.get("lora"), "adapter": adapter,
-                              "adapter_merged": adapter is not None and merge_lora}
-    elif cfg is not None and not _training_free(lm):
+        info["checkpoint"] = apply_checkpoint(lm, meta, lora_alpha=lora_alpha, merge_lora=merge_lora)
+    elif cfg is not None:
+        apply_wide(lm, cfg)
+    if meta is None and cfg is not None and not _training_free(lm):
         log.warning("routing: router %r is learnable and no checkpoint was given; it is evaluated at its random "
                     "init (pass --checkpoint from `wide fit` for a calibrated router)", info["method"])
         info["untrained_router"] = True
     lm.eval()
     return LoadedModel(lm, tokenizer, info)
+
+
+def apply_checkpoint(model: nn.Module, checkpoint: Any, *, lora_alpha: Optional[float] = None,
+                     merge_lora: bool = True) -> dict[str, Any]:
+    """Makes a dense ``model`` the checkpoint's routed model: ``apply_wide`` with its ``WideConfig``, its adapter
+    (stage 2: ``lora``, ``super``, ``supra``, ...) injected as ``LoRARecovery`` did, every trained tensor loaded after
+    the identity check, and the adapter merged into the base weights (``merge_lora``, as deployed). What ``wide eval``,
+    ``wide bench`` and ``wide export`` all load a ``wide fit`` output with.
+
+    Args:
+        checkpoint: ``.safetensors`` file, a folder holding ``routers.safetensors``, or its ``read_metadata`` dict.
+        lora_alpha: LoRA alpha for checkpoints that do not record it (default 32, LoRARecovery's).
+
+    Returns:
+        The checkpoint's summary: path, stage, step, extra, the LoRA settings (``None`` without), the adapter
+        (name, label, settings) and whether it was merged.
+    """
+    meta = checkpoint if isinstance(checkpoint, dict) else read_metadata(checkpoint)
+    apply_wide(model, meta["wide_config"])
+    adapters = read_adapters(meta["path"], meta["extra"], alpha=lora_alpha)  # at most one
+    adapter = None
+    for name, settings in adapters.items():
+        inject_adapter(model, name, settings)
+        adapter = {"name": name, "label": ADAPTERS.get(name)().describe(settings), **settings}
+    if adapters:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    load_trained(model, meta["path"])
+    if adapters and merge_lora:
+        merge_adapters(model)
+    return {"path": meta["path"], "stage": meta["stage"], "step": meta["step"], "extra": meta["extra"],
+            "lora": adapters.get("lora"), "adapter": adapter, "adapter_merged": adapter is not None and merge_lora}
 
 
 def _training_free(model: nn.Module) -> bool:
