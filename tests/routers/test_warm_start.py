@@ -1,5 +1,8 @@
 """`wide.routers.warm_start`: routers fitted to the dense model's per-token group importance before stage 1."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -195,3 +198,52 @@ def test_each_router_starts_at_its_target_rate_on_the_data_it_was_fitted_to(rout
     for key, h in hists.items():
         below = float(h[: ws.BINS // 2].sum() / h.sum())  # margins under 0: skipped
         assert abs(below - 0.5) < 0.02, (key, below)
+
+
+def test_a_joint_fit_warm_starts_its_routers_and_resumes_without_it(tmp_path, tiny_model_dir, tiny_corpus, capsys):
+    """Stage 2 without a router checkpoint (routers and LoRA together, the joint recipe's kind) takes
+    ``router_init: importance`` as stage 1 does: the routers are fitted before the first step (LoRA's B is zero then,
+    so they see the dense model), and a resume keeps the trained ones."""
+    from safetensors.torch import load_file
+
+    from tests.reliability.conftest import fit_args, run_wide
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes/smollm2-135m/lora_distill.yaml"
+    routing = ["--model.init_args.router_checkpoint", "null", "--model.init_args.routing",
+               json.dumps({"sparsity": 0.5, "attn_group_size": 2, "ffn_group_size": 32})]
+    steps = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+             "--sparsity_monitor.heatmap_every_n_steps", "0", "--rate_calibration.enabled", "false"]
+    warm = ["--model.init_args.router_init", "importance", "--model.init_args.router_init_tokens", "128"]
+    rc, err = run_wide(fit_args(tmp_path / "warm", tiny_model_dir, tiny_corpus, *routing, *steps, *warm,
+                                recipe=recipe), capsys)
+    assert rc == 0, err[-3000:]
+    assert "wide: routers warm-started from group importance over 128 tokens (variance explained" in err
+    rc, err = run_wide(fit_args(tmp_path / "cold", tiny_model_dir, tiny_corpus, *routing, *steps, recipe=recipe), capsys)
+    assert rc == 0 and "warm-started" not in err
+    a, b = (load_file(tmp_path / d / "wide/routers.safetensors") for d in ("warm", "cold"))
+    routers = [k for k in a if ".wide.routers." in k]
+    assert routers and any(not torch.equal(a[k], b[k]) for k in routers)
+    more = ["--trainer.max_steps", "4", "--ckpt_path", "last"]
+    rc, err = run_wide(fit_args(tmp_path / "warm", tiny_model_dir, tiny_corpus, *routing, *steps, *warm, *more,
+                                recipe=recipe), capsys)
+    assert rc == 0, err[-3000:]
+    assert "warm-started" not in err
+
+
+def test_stage_2_router_init_is_refused_beside_a_router_checkpoint(tmp_path, tiny_model_dir):
+    """A stage 2 that loads its routers has nothing to warm-start: one error naming router_init, before any load."""
+    from transformers import AutoModelForCausalLM
+
+    from wide.io.checkpoint import save_trained
+    from wide.tasks import LoRARecovery
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cfg = wide.WideConfig(sparsity=0.5, attn_group_size=2, ffn_group_size=32)
+    wide.apply_wide(model, cfg)
+    ckpt = save_trained(model, tmp_path / "routers.safetensors", config=cfg, stage="calibrate")
+    with pytest.raises(ValueError, match="router_init: 'importance' starts routers without a checkpoint"):
+        LoRARecovery(model=tiny_model_dir, router_checkpoint=str(ckpt), router_init="importance")
+    with pytest.raises(ValueError, match="router_init: must be one of random, importance"):
+        LoRARecovery(model=tiny_model_dir, router_init="zeros")
+    with pytest.raises(ValueError, match="router_init: 'importance' fits.*set router_init: random"):
+        LoRARecovery(model=tiny_model_dir, routing=wide.WideConfig(router="mlp"), router_init="importance")

@@ -31,50 +31,62 @@ class RouterCalibration(WideTask):
     def __init__(self, model: str = DEFAULT_MODEL, routing: Optional[WideConfig] = None, router_init: str = "random",
                  router_init_tokens: int = 65536, **kwargs: Any):
         super().__init__(model, routing, **kwargs)  # the other WideTask arguments pass through
-        if router_init not in ROUTER_INITS:
-            raise ValueError(f"router_init: must be one of {', '.join(ROUTER_INITS)}, got {router_init!r}")
-        if isinstance(router_init_tokens, bool) or not isinstance(router_init_tokens, int) or router_init_tokens < 1:
-            raise ValueError(f"router_init_tokens: must be a positive integer, got {router_init_tokens!r}")
-        if router_init == "importance":
-            if self.routing.router not in WARM_ROUTERS:
-                raise ValueError(f"router_init: 'importance' fits the {' and '.join(WARM_ROUTERS)} routers, not "
-                                 f"routing.router {self.routing.router!r} (set router_init: random)")
-            if self.routing.granularity != "width":
-                raise ValueError("router_init: 'importance' needs routing.granularity 'width' (groups of heads and "
-                                 f"channels), got {self.routing.granularity!r} (set router_init: random)")
+        check_router_init(self.routing, router_init, router_init_tokens)
         self.router_init = router_init
         self.router_init_tokens = router_init_tokens
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        trainer = self.trainer
-        if self.router_init != "importance" or trainer.ckpt_path is not None:
-            return
-        from lightning.pytorch.utilities import rank_zero_info
+        warm_start_routers(self)
 
-        from wide.routers.warm_start import warm_start
 
-        loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
-        if loader is None:
-            raise ValueError("router_init: 'importance' reads training batches; this fit has no datamodule")
-        device = self.device
+def check_router_init(routing: WideConfig, router_init: str, router_init_tokens: int) -> None:
+    """The ``router_init`` / ``router_init_tokens`` arguments of a task that starts its own routers (stage 1, or
+    stage 2 without a router checkpoint); raises ``ValueError`` naming the bad one, before any model load."""
+    if router_init not in ROUTER_INITS:
+        raise ValueError(f"router_init: must be one of {', '.join(ROUTER_INITS)}, got {router_init!r}")
+    if isinstance(router_init_tokens, bool) or not isinstance(router_init_tokens, int) or router_init_tokens < 1:
+        raise ValueError(f"router_init_tokens: must be a positive integer, got {router_init_tokens!r}")
+    if router_init == "importance":
+        if routing.router not in WARM_ROUTERS:
+            raise ValueError(f"router_init: 'importance' fits the {' and '.join(WARM_ROUTERS)} routers, not "
+                             f"routing.router {routing.router!r} (set router_init: random)")
+        if routing.granularity != "width":
+            raise ValueError("router_init: 'importance' needs routing.granularity 'width' (groups of heads and "
+                             f"channels), got {routing.granularity!r} (set router_init: random)")
 
-        def batches():
-            for batch in loader:
-                yield {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
 
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            # each rank its share: the same setting reads the same rows at any world size
-            per_rank = -(-self.router_init_tokens // max(trainer.world_size, 1))
-            fits = warm_start(self.model, batches(), per_rank)
-        finally:
-            self.model.train(was_training)
-        by_kind: dict[str, list[float]] = {}
-        for (_, kind), fit in fits.items():
-            by_kind.setdefault(kind, []).append(fit.r2)
-        tokens = max((f.tokens for f in fits.values()), default=0)
-        parts = ", ".join(f"{k} {sum(v) / len(v):.2f}" for k, v in sorted(by_kind.items()))
-        rank_zero_info(f"wide: routers warm-started from group importance over {tokens:,} tokens "
-                       f"(variance explained, mean over layers: {parts})")
+def warm_start_routers(task: WideTask) -> None:
+    """``router_init: importance`` at the start of ``task``'s fit (not of a resumed one): every router fitted to its
+    groups' per-token contribution in the model as it stands (the dense backbone; a fresh LoRA adds nothing yet)."""
+    trainer = task.trainer
+    if getattr(task, "router_init", "random") != "importance" or trainer.ckpt_path is not None:
+        return
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from wide.routers.warm_start import warm_start
+
+    loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
+    if loader is None:
+        raise ValueError("router_init: 'importance' reads training batches; this fit has no datamodule")
+    device = task.device
+
+    def batches():
+        for batch in loader:
+            yield {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+
+    was_training = task.model.training
+    task.model.eval()
+    try:
+        # each rank its share: the same setting reads the same rows at any world size
+        per_rank = -(-task.router_init_tokens // max(trainer.world_size, 1))
+        fits = warm_start(task.model, batches(), per_rank)
+    finally:
+        task.model.train(was_training)
+    by_kind: dict[str, list[float]] = {}
+    for (_, kind), fit in fits.items():
+        by_kind.setdefault(kind, []).append(fit.r2)
+    tokens = max((f.tokens for f in fits.values()), default=0)
+    parts = ", ".join(f"{k} {sum(v) / len(v):.2f}" for k, v in sorted(by_kind.items()))
+    rank_zero_info(f"wide: routers warm-started from group importance over {tokens:,} tokens "
+                   f"(variance explained, mean over layers: {parts})")

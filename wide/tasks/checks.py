@@ -93,9 +93,10 @@ def read_resume_file(path: Any) -> Optional[dict[str, Any]]:
 
 
 # Task settings a resumed run may change: how it computes, not what it trains (the model itself is compared
-# by identity: a moved folder is the same model)
+# by identity: a moved folder is the same model); router_init / router_init_tokens only act at a fresh start (a
+# resume keeps its trained routers), and stage-2 files written before LoRARecovery took them do not hold them
 FREE_ON_RESUME = ("model", "router_checkpoint", "dtype", "attn_implementation", "gradient_checkpointing",
-                  "fuse_glue", "loss.backend", "loss.chunk_size", "routing.backend")
+                  "fuse_glue", "loss.backend", "loss.chunk_size", "routing.backend", "router_init")
 
 
 def _flat(values: Any, prefix: str = "") -> dict[str, Any]:

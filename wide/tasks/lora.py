@@ -13,6 +13,7 @@ from wide.io.adapters import (ADAPTERS, DEFAULT_LORA_ALPHA, class_path, inject_a
 from wide.io.checkpoint import is_router_name, load_trained, read_metadata
 from wide.io.loading import DEFAULT_MODEL
 from wide.tasks.base import WideTask
+from wide.tasks.calibration import check_router_init, warm_start_routers
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -39,6 +40,10 @@ class LoRARecovery(WideTask):
             channel's L2 norm over ``calibration_batches`` training batches) or ``magnitude`` (``|W|``).
         calibration_batches: Training batches of the ``wanda`` calibration pass, run once before the first step.
         train_routers: Keep training the routers (``False`` freezes them).
+        router_init, router_init_tokens: Without a ``router_checkpoint`` (routers and adapter trained together from
+            the start, ``recipes/qwen2.5-1.5b/joint_distill.yaml``): how the routers start, as in
+            ``RouterCalibration`` (``importance``: fitted to their groups' contribution in the dense model before the
+            first step). With a checkpoint the routers start from it: only ``random`` (the default) is accepted.
         other args: see ``WideTask``; the default learning rate is 2e-4.
     """
 
@@ -58,6 +63,8 @@ class LoRARecovery(WideTask):
         sparse_score: str = "wanda",
         calibration_batches: int = 4,
         train_routers: bool = True,
+        router_init: str = "random",
+        router_init_tokens: int = 65536,
         lr: float = 2e-4,
         **kwargs,
     ):
@@ -78,7 +85,13 @@ class LoRARecovery(WideTask):
         targets = list(lora_targets or LORA_TARGETS)
         settings = kind.settings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout, targets=targets,
                                  lora_share=supra_lora_share, score=sparse_score)
+        if router_init != "random" and router_checkpoint is not None:
+            raise ValueError(f"router_init: {router_init!r} starts routers without a checkpoint; this fit loads them "
+                             "from router_checkpoint (drop one of the two)")
         super().__init__(model, routing, lr=lr, **kwargs)  # the other WideTask arguments pass through
+        check_router_init(self.routing, router_init, router_init_tokens)
+        self.router_init = router_init
+        self.router_init_tokens = router_init_tokens
         self.router_checkpoint = router_checkpoint
         self.adapter = adapter_cls.registered_name
         self.adapter_class_path = class_path(adapter_cls)
@@ -118,6 +131,7 @@ class LoRARecovery(WideTask):
                 f"trainable parameters ({parts}) on {len(bases)} matrices; LoRA r={self.lora_r} on them: {budget:,}")
 
     def on_fit_start(self) -> None:
+        warm_start_routers(self)  # router_init: importance, no router checkpoint (a no-op otherwise)
         # the support of a data-chosen sparse adapter is measured once, on the training device, before the first
         # step; a resumed run restored the one it chose (its indices are part of the checkpoint)
         kind = ADAPTERS.get(self.adapter)()
