@@ -85,11 +85,11 @@ class LoRARecovery(WideTask):
         targets = list(lora_targets or LORA_TARGETS)
         settings = kind.settings(r=lora_r, alpha=lora_alpha, dropout=lora_dropout, targets=targets,
                                  lora_share=supra_lora_share, score=sparse_score)
+        super().__init__(model, routing, lr=lr, **kwargs)  # the other WideTask arguments pass through
+        check_router_init(self.routing, router_init, router_init_tokens)
         if router_init != "random" and router_checkpoint is not None:
             raise ValueError(f"router_init: {router_init!r} starts routers without a checkpoint; this fit loads them "
                              "from router_checkpoint (drop one of the two)")
-        super().__init__(model, routing, lr=lr, **kwargs)  # the other WideTask arguments pass through
-        check_router_init(self.routing, router_init, router_init_tokens)
         self.router_init = router_init
         self.router_init_tokens = router_init_tokens
         self.router_checkpoint = router_checkpoint
