@@ -12,7 +12,6 @@ next to SDPA flash / cuDNN on every head, and prints both absolute times and the
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -22,27 +21,33 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common  # noqa: E402
+from wide.kernels.triton.attention import AttentionConfig as A  # noqa: E402
+
+# the default (None) first, then every (block_m, block_n, warps, stages) of the grid: 37 candidates
+CANDIDATES = [None] + [A(block_m=m, block_n=n, num_warps=w, num_stages=s)
+                       for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hq", type=int, default=9)
-    ap.add_argument("--hk", type=int, default=3)
-    ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--tokens", type=int, nargs="+", default=[4096])
-    ap.add_argument("--density", type=float, nargs="+", default=[0.5, 1.0])
-    ap.add_argument("--keep", type=int, default=6)
-    args = ap.parse_args(argv)
-    from wide.kernels import get_backend, make_plan
-    from wide.kernels.triton.attention import AttentionConfig
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from wide.kernels import get_backend, make_plan
+
+    ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
+    ap.add_argument("--hq", type=int, default=9, help="query heads (default: SmolLM2-135M's 9)")
+    ap.add_argument("--hk", type=int, default=3, help="key / value heads, one routing group each (default: 3)")
+    ap.add_argument("--d", type=int, default=64, help="head dim (default: 64)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[4096])
+    ap.add_argument("--density", type=float, nargs="+", default=[0.5, 1.0], help="shares of active head groups")
+    ap.add_argument("--keep", type=int, default=6, help="print the N fastest candidates (and the default)")
+    args = ap.parse_args(argv)
+    if args.hq % args.hk:
+        raise SystemExit(f"prefill_attention_sweep: --hq ({args.hq}) must be a multiple of --hk ({args.hk})")
+    common.setup(args)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    torch.manual_seed(0)
     tb = get_backend("triton")
     gsize = args.hq // args.hk
-    cands = [None] + [AttentionConfig(block_m=m, block_n=n, num_warps=w, num_stages=s)
-                      for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
+    cands = CANDIDATES
     print(common.meta_line(common.meta(dev)))
     for T in args.tokens:
         q = torch.randn(1, T, args.hq, args.d, device=dev, dtype=dt)

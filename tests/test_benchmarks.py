@@ -34,7 +34,7 @@ def test_the_maintained_scripts_are_the_ones_listed():
         "batched_topk", "calibration_throughput", "decode_attention_sweep", "decode_qkv_sweep", "decode_rates",
         "device_assets", "experts", "frontier",
         "fsdp_check", "gemv_sweep", "generate_batching", "generate_speed", "generator_ttft", "kernel_table",
-        "prefill_gemm_sweep",
+        "prefill_attention_sweep", "prefill_gemm_sweep",
         "profile_decode", "profile_host", "profile_model", "profile_prefill"])
     assert not list((BENCH / "results").rglob("*.py")) and not list((BENCH / "results").rglob("*.sh"))
 
@@ -200,6 +200,16 @@ def test_decode_attention_sweep_candidates():
     mod = _load("decode_attention_sweep")
     for table in (mod.CANDIDATES, mod.QUICK, mod.FOLD):
         assert table[0] is None and all(isinstance(c, AttentionConfig) for c in table[1:])
+
+
+def test_prefill_attention_sweep_candidates():
+    from wide.kernels.triton.attention import AttentionConfig
+
+    mod = _load("prefill_attention_sweep")
+    assert mod.CANDIDATES[0] is None and len(mod.CANDIDATES) == 37
+    assert all(isinstance(c, AttentionConfig) for c in mod.CANDIDATES[1:])
+    with pytest.raises(SystemExit, match="--hq"):
+        mod.main(["--hq", "9", "--hk", "2"])
 
 
 def test_profile_host_timers_count_only_while_on():
