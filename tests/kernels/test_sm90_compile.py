@@ -348,6 +348,8 @@ case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", p
      causal=False, lengths=True)
 # Qwen2.5-1.5B attention: 12 query heads over 2 KV heads, 6 heads per unit padded to 8 rows per token
 case("attention", "prefill T=4096 Qwen2.5-1.5B heads", prefill, 1, 4096, 12, 2, D, 6)
+case("attention", "prefill T=4096 SmolLM2-135M heads", prefill, 1, 4096, 9, 3, 64, 3)
+case("attention", "prefill T=16384 SmolLM2-135M heads", prefill, 1, 16384, 9, 3, 64, 3)
 case("attention", "decode B=16 S=4096 Qwen2.5-1.5B heads", decode, 16, 4096, 12, 2, D, 6)
 case("attention", "decode B=1 S=32768", decode, 1, 32768, HQ, HK, D, 4)
 case("attention", "decode B=16 S=4096 splits folded", decode, 16, 4096, HQ, HK, D, 4, fold=True)
