@@ -114,9 +114,11 @@
 #   jointnext     [detached] the plan left for the next session (2026-12-05 b): while the asset chunks arrive, the
 #                 GPU to itself: the kernel table at this commit (kernel_table.py --quick, issue 25's "one refreshed
 #                 table"), the SmolLM2-135M prefill profile (random weights, low-rank routers: why its 4k prefill is 0.85x),
-#                 the bench GPU tests (stage-2 checkpoints); then `_joint` at JOINT_STEPS (default 610 = 10M tokens;
-#                 1220 = 20M fits a whole session only if nothing else runs) with its eval and bench
-#                 (~3 + 7 + 3 min at 610 on an H200; start it with recv 00, then recv 01..26, then poll)
+#                 the D <= 64 prefill attention sweep (SmolLM2's heads), the bench GPU tests (stage-2 checkpoints);
+#                 then `_joint` at JOINT_STEPS (default 610 = 10M tokens; 1220 = 20M fits a whole session only if
+#                 nothing else runs) with its eval and bench (~4 + 7 + 3 min at 610 on an H200; start it with recv 00,
+#                 then recv 01.. up to the last of .device/c* (`pack` makes 25: c00..c24) back to back, then poll;
+#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -837,6 +839,9 @@ _jointnext)
     > /tmp/res/kernels_quick.log 2>&1; tail -3 /tmp/res/kernels_quick.log
   for r in lowrank random; do python3 benchmarks/profile_prefill.py --shape smollm2-135m --layers 30 --tokens 4096 \
     --sparsity 0.5 --fuse-glue --router $r > /tmp/res/profile_smol_prefill_$r.txt 2>&1; done
+  # the D <= 64 attention configs (swept on an H100 on 2026-12-06) on this card
+  timeout 120 python3 benchmarks/prefill_attention_sweep.py --tokens 1024 4096 16384 --density 0.5 --keep 3 \
+    > /tmp/res/attn_sweep_smol.txt 2>&1
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/bench > /tmp/res/gpu_tests_bench.txt 2>&1
   tail -2 /tmp/res/gpu_tests_bench.txt; echo JOINTNEXT_TIMED
   JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
