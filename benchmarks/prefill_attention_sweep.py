@@ -29,8 +29,7 @@ CANDIDATES = [None] + [A(block_m=m, block_n=n, num_warps=w, num_stages=s)
 
 
 def main(argv=None) -> None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    from benchmarks.kernel_table import sdpa_fn  # the kernel table's dense side, one SDPA backend forced
     from wide.kernels import get_backend, make_plan
 
     ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
@@ -47,7 +46,6 @@ def main(argv=None) -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     tb = get_backend("triton")
     gsize = args.hq // args.hk
-    cands = CANDIDATES
     print(common.meta_line(common.meta(dev)))
     for T in args.tokens:
         q = torch.randn(1, T, args.hq, args.d, device=dev, dtype=dt)
@@ -55,15 +53,15 @@ def main(argv=None) -> None:
         v = torch.randn(1, args.hk, T, args.d, device=dev, dtype=dt)
         qh = q.transpose(1, 2).contiguous()
         dense = {}
-        for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            def fn(be=be):
-                with sdpa_kernel([be]):
-                    return F.scaled_dot_product_attention(qh, k, v, is_causal=True, enable_gqa=True)
+        for name in ("flash", "cudnn"):
+            fn = sdpa_fn(qh, k, v, True, name)
             try:
                 fn()
                 dense[name] = common.bench_ms(fn) * 1e3
             except Exception as e:  # noqa: BLE001 - a backend this build lacks
                 print(f"T={T} dense sdpa-{name}: {type(e).__name__}")
+        if not dense:
+            raise SystemExit(f"prefill_attention_sweep: no SDPA backend ran at T={T} (see above)")
         best = min(dense.values())
         print(f"T={T} hq={args.hq} hk={args.hk} d={args.d}: dense " +
               ", ".join(f"sdpa-{n} {t:.1f} us" for n, t in dense.items()), flush=True)
@@ -75,7 +73,7 @@ def main(argv=None) -> None:
             plan = make_plan(mask).materialize(flat=False)
             ref = ref_all * mask.repeat_interleave(gsize, -1)[..., None]
             results: list = []
-            for cfg in cands:
+            for cfg in CANDIDATES:
                 def setup(cfg=cfg):
                     run = lambda: tb.attention_prefill(q, kt, vt, mask, plan=plan, config=cfg)  # noqa: E731
                     return run(), ref, lambda: common.bench_ms(run) * 1e3
