@@ -856,6 +856,10 @@ _jointnext)
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
+  # the same prefill rows on the torch backend (dense GEMMs and attention, masks applied after): whether a model this
+  # narrow should fall back to masked dense execution
+  timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0.5 \
+    --decode-batch --backend torch --json /tmp/res/smol_bench_torch.json > /tmp/res/smol_bench_torch.md 2>&1
   # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
   [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
