@@ -177,17 +177,18 @@ restore_cells() { local c d n=0; for c in benchmarks/results/*/$(basename $1)/ce
 # right after the stage's first call, `bash benchmarks/gpu_session.sh resume` (carry .device/resume) puts them in
 # /tmp/resume, and the stage's restore_resume unpacks them into its grid folder (the tar holds paths relative to it),
 # where the grid resumes the fit from last.ckpt (same settings: same signature) instead of starting over
-ship_resume() { local g r f rel n; for g in ${SHIP_RESUME:-}; do
-    f=$(ls -td /tmp/tree_*/runs/quality/$g/fits/*/ /tmp/tree_*/runs/quality/$g/cells/*/lora/ 2>/dev/null | head -1)
+ship_resume() { local g r f rel n T=${RESUME_ROOT:-/tmp}; for g in ${SHIP_RESUME:-}; do
+    f=$(ls -td $T/tree_*/runs/quality/$g/fits/*/ $T/tree_*/runs/quality/$g/cells/*/lora/ 2>/dev/null | head -1)
     [ -n "$f" ] && [ -f $f/last.ckpt ] || continue
     r=${f%/runs/quality/$g/*}/runs/quality/$g; rel=${f#$r/}; rel=${rel%/}; n=$(echo "$rel" | tr -c 'A-Za-z0-9.\n-' _)
-    [ $f/last.ckpt -nt /tmp/shipped_$n ] || continue
-    tar cf /tmp/resume_$g.tar -C $r "$rel/started.json" "$rel/last.ckpt" && touch -r $f/last.ckpt /tmp/shipped_$n
-    rm -f $OUT/resume_${g}_*; split -b 15000000 -d -a 2 /tmp/resume_$g.tar $OUT/resume_${g}_$n.t
-    (cd /tmp && sha256sum resume_$g.tar | sed "s/resume_$g.tar/resume_${g}_$n.tar/" > $OUT/resume_${g}_$n.sha256); done; }
+    [ $f/last.ckpt -nt $T/shipped_$n ] || continue
+    tar cf $T/resume_$g.tar -C $r "$rel/started.json" "$rel/last.ckpt" && touch -r $f/last.ckpt $T/shipped_$n
+    rm -f $OUT/resume_${g}_*; split -b 15000000 -d -a 2 $T/resume_$g.tar $OUT/resume_${g}_$n.t
+    (cd $T && sha256sum resume_$g.tar | sed "s/resume_$g.tar/resume_${g}_$n.tar/" > $OUT/resume_${g}_$n.sha256); done; }
 # restore_resume GRIDOUT: unpack /tmp/resume/resume_<grid>_<tag>.tNN (checked against its .sha256) into GRIDOUT
-restore_resume() { local s b; for s in /tmp/resume/resume_*.sha256; do [ -f $s ] || continue; b=${s%.sha256}
-    cat $b.t[0-9][0-9] > $b.tar && (cd /tmp/resume && sha256sum -c $(basename $s)) || { echo "resume parts of $b: bad sum"; continue; }
+# (RESUME_ROOT: a folder other than /tmp for both functions: tests/test_benchmarks.py's round trip)
+restore_resume() { local s b T=${RESUME_ROOT:-/tmp}; for s in $T/resume/resume_*.sha256; do [ -f $s ] || continue; b=${s%.sha256}
+    cat $b.t[0-9][0-9] > $b.tar && (cd $T/resume && sha256sum -c $(basename $s)) || { echo "resume parts of $b: bad sum"; continue; }
     mkdir -p $1 && tar xf $b.tar -C $1 && echo "restored $(basename $b) into $1"; done; }
 # qwen_grid NAME JOBS [ARGS]: a Qwen2.5-1.5B grid of recipes/ablations/NAME.yaml once the asset chunks are in, its
 # committed cells restored, JOBS cells at once; log and results under /tmp/res/NAME*

@@ -77,6 +77,47 @@ def test_gpu_session_script_parses():
     assert subprocess.run(["bash", "-n", str(BENCH / "gpu_session.sh")]).returncode == 0
 
 
+def _session_functions(*names: str) -> str:
+    """The shell functions ``names`` of gpu_session.sh, as text to source."""
+    lines, out, keep = (BENCH / "gpu_session.sh").read_text().splitlines(), [], False
+    for line in lines:
+        keep = keep or any(line.startswith(f"{n}() {{") for n in names)
+        if keep:
+            out.append(line)
+            keep = not line.endswith("done; }")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("fit", ["fits/calibrate-0123abcd", "cells/method=joint__stage=lora/lora"])
+def test_gpu_session_resume_round_trip(tmp_path, fit):
+    """A lost machine's fit comes back: ``ship_resume`` cuts the newest last.ckpt of a grid (a stage-1 fit or a
+    stage-2-only cell such as the joint one) into parts with plain names, ``restore_resume`` puts it back under the
+    grid folder at the same relative path, byte for byte; a second poll ships nothing new."""
+    src = tmp_path / "tree_x" / "runs" / "quality" / "qjoint" / fit
+    src.mkdir(parents=True)
+    (src / "started.json").write_text('{"signature": "s"}')
+    (src / "last.ckpt").write_bytes(bytes(range(256)) * 70_000)  # 17.9 MB: two parts
+    out = tmp_path / "out"
+    out.mkdir()
+    script = _session_functions("ship_resume", "restore_resume") + f"""
+set -e
+export RESUME_ROOT={tmp_path} OUT={out} SHIP_RESUME="qlong qjoint"
+ship_resume
+mkdir -p {tmp_path}/resume && cp {out}/* {tmp_path}/resume/ && rm {out}/*
+restore_resume {tmp_path}/back
+ship_resume
+"""
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "restored" in run.stdout and "bad sum" not in run.stdout
+    parts = sorted(p.name for p in (tmp_path / "resume").iterdir() if p.suffix != ".tar")  # .tar: restore's own
+    assert len(parts) == 3 and all("=" not in p and "/" not in p for p in parts), parts
+    back = tmp_path / "back" / fit
+    assert (back / "last.ckpt").read_bytes() == (src / "last.ckpt").read_bytes()
+    assert (back / "started.json").read_text() == '{"signature": "s"}'
+    assert not list(out.iterdir())  # nothing newer to ship on the second poll
+
+
 # --------------------------------------------------------------------------------------------------
 # the shared module
 # --------------------------------------------------------------------------------------------------
