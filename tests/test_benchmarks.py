@@ -204,18 +204,35 @@ def test_timers_and_report_on_cpu(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------------
 
 
+def test_prefill_gemm_sweep_layer_shapes():
+    mod = _load("prefill_gemm_sweep")
+    # the 8B shape's rows as the sweep has always timed them (q: groups of 4 heads of 128)
+    assert mod.layer_shapes("llama-8b") == {"q_proj": ("gemm_mn", 4096, 4096, 512),
+                                            "gate_up": ("swiglu", 14336, 4096, 128),
+                                            "up_proj": ("gemm_mn", 14336, 4096, 128)}
+    assert mod.layer_shapes("qwen2.5-1.5b")["q_proj"] == ("gemm_mn", 1536, 1536, 768)  # 12 q / 2 kv heads of 128
+    assert mod.layer_shapes("smollm2-135m")["gate_up"] == ("swiglu", 1536, 576, 128)
+    assert mod.layer_shapes("smollm2-135m")["q_proj"] == ("gemm_mn", 576, 576, 192)  # 9 q / 3 kv heads of 64
+    with pytest.raises(SystemExit, match="--ops takes q_proj, gate_up, up_proj"):
+        mod.main(["--shape", "smollm2-135m", "--ops", "o_proj"])
+
+
 @pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("model", ["llama-8b", "qwen2.5-1.5b", "smollm2-135m"])
 @pytest.mark.parametrize("shape", ["q_proj", "gate_up", "up_proj"])
-def test_prefill_gemm_sweep_candidates(shape, wide):
+def test_prefill_gemm_sweep_candidates(model, shape, wide):
     from wide.kernels.triton.common import GemmConfig
 
     mod = _load("prefill_gemm_sweep")
-    op, N, K, group = mod.SHAPES[shape]
-    cands = mod.candidates(op, group, wide)
+    op, N, K, group = mod.layer_shapes(model)[shape]
+    cands = mod.candidates(op, group, wide, narrow=K <= 2048)
     assert cands[0] is None and len(cands) > 2
+    assert len(set(cands)) == len(cands)
     for kind, cfg in cands[1:]:
         assert kind == "perm" and isinstance(cfg, GemmConfig)
-        assert cfg.block_n <= group, f"{shape}: a tile wider than a group ({cfg})"  # tiles at most one group wide
+        assert group % cfg.block_n == 0, f"{model} {shape}: a tile that splits a group ({cfg})"
+    if K <= 2048:  # narrow models get the smaller tiles and fewer warps
+        assert any(cfg.num_warps == 4 and cfg.block_m == 64 for _, cfg in cands[1:])
 
 
 def test_gemv_sweep_candidates():
