@@ -119,3 +119,39 @@ def test_kernel_options_apply_inside_their_block_and_parse_from_flags(monkeypatc
         KernelOptions.parse(["skiny_swap=0"])
     with pytest.raises(ValueError, match="NAME=0 or NAME=1"):
         KernelOptions.parse(["skinny_swap=maybe"])
+
+
+def test_prefill_attention_packs_a_units_heads_only_when_switched_on(monkeypatch):
+    """``attn_pack`` changes only ``pack`` of the default prefill tiles (off by default, until measured), inside a
+    `use_kernel_options` block too; the host then lays a token's heads in as many rows, no power-of-two padding."""
+    import dataclasses
+
+    import torch
+
+    from wide.kernels import get_backend, make_plan, use_kernel_options
+    from wide.kernels.triton import attention as ta
+
+    monkeypatch.setattr(ta, "interpreting", lambda: False)
+    for T, D in ((4096, 64), (16384, 64), (4096, 128), (16384, 128)):
+        padded = ta.default_prefill_config(T, D)
+        assert not padded.pack
+        packed = ta.default_prefill_config(T, D, 2, KernelOptions(attn_pack=True))
+        assert packed == dataclasses.replace(padded, pack=True)
+        with use_kernel_options(attn_pack=True):
+            assert ta.default_prefill_config(T, D).pack
+    monkeypatch.undo()
+    # the launch: 6 heads a unit take 6 rows a token packed (16 // 6 = 2 tokens a tile), 8 padded (2 tokens)
+    launched = []
+    real = ta.attention_prefill_routed
+    monkeypatch.setattr(ta, "attention_prefill_routed",
+                        lambda *a, **k: launched.append(a[-1] if len(a) > 10 else k.get("config")) or real(*a, **k))
+    q, kv = torch.randn(1, 5, 12, 16), torch.randn(1, 5, 2, 16)
+    mask = torch.rand(1, 5, 2) < 0.5
+    ref = get_backend("torch").attention_prefill(q, kv, kv, mask)
+    with use_kernel_options(attn_pack=True):
+        out = get_backend("triton").attention_prefill(q, kv, kv, mask, plan=make_plan(mask))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert launched and launched[-1].pack
+    with pytest.raises(ValueError, match="must hold one token's 6 heads"):
+        ta.attention_prefill_routed(q, kv, kv, torch.empty_like(q), *make_plan(mask).token_order(flat=False), None, 6,
+                                    True, 0.25, ta.AttentionConfig(block_m=4, block_n=16, pack=True))

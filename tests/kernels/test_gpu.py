@@ -147,7 +147,12 @@ def test_gemm_k_sorted_tiles_on_structured_masks(M, split, monkeypatch):
     (257, 257, 9, 3, 3, 64),  # SmolLM2-135M
 ], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype, pack):
+    import dataclasses
+
+    from wide.kernels.triton.attention import default_prefill_config
+
     B = 2
     q = torch.randn(B, T, HQ, D, device=DEV, dtype=dtype)
     k = torch.randn(B, HK, S, D, device=DEV, dtype=dtype).transpose(1, 2)  # HF cache layout, no copy
@@ -159,7 +164,12 @@ def test_attention_prefill(T, S, HQ, HK, gsize, D, dtype):
     for lens, offs in ((None, None), (lengths, None), (chunk, offsets)):
         ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, lengths=lens, q_offset=offs)
         out = poisoned(q.shape, dtype, DEV)
-        wk.attention_prefill(q, k, v, mask, lengths=lens, q_offset=offs, out=out)
+        # packed: a token's heads in as many rows (no power-of-two padding), on the default tiles
+        if pack:
+            config = dataclasses.replace(default_prefill_config(T, D, q.element_size()), pack=True)
+            get_backend("triton").attention_prefill(q, k, v, mask, lengths=lens, q_offset=offs, out=out, config=config)
+        else:
+            wk.attention_prefill(q, k, v, mask, lengths=lens, q_offset=offs, out=out)
         check(out, ref, dtype, ~expand_groups(mask, gsize), "prefill")
 
 

@@ -190,7 +190,8 @@ def test_attention_prefill(seed):
     config = None
     if rng.random() < 0.5:
         hu_p = 1 << (min(gsize, HQ // HK) - 1).bit_length()  # heads per unit, padded to a power of two
-        config = AttentionConfig(block_m=max(16, hu_p) * rng.choice([1, 2]), block_n=rng.choice([16, 32]))
+        config = AttentionConfig(block_m=max(16, hu_p) * rng.choice([1, 2]), block_n=rng.choice([16, 32]),
+                                 pack=rng.random() < 0.5)  # packed: a unit's heads unpadded, BLOCK_M // HU tokens
     ref = get_backend("torch").attention_prefill(q.float(), k.float(), v.float(), mask, causal=causal,
                                                  lengths=lengths, q_offset=q_offset)
     zeros = ~expand_groups(mask, gsize)

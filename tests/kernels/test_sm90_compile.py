@@ -47,6 +47,7 @@ from wide.kernels.triton import attention, gemm_k, gemm_mn, partition, router
 from wide.kernels.triton import decode_qkv as qkv_mod
 from wide.kernels.triton import experts as experts_mod
 from wide.kernels.experts import ExpertLayout
+from wide.kernels.options import KernelOptions
 from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
@@ -221,12 +222,13 @@ def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None, residual=False, route=
                          group, cfg, x_masked=x_masked, residual=t(M, N) if residual or route else None, route=rt)
 
 
-def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False):
+def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False, pack=False):
     q, k, v = t(B, T, HQ, D), t(B, T, HK, D), t(B, T, HK, D)
     perm, counts = partition.partition(t(B, T, HQ // gsize, dtype=torch.bool))  # token_order(flat=False)
     lens = t(B, dtype=torch.int32) if lengths else None
+    cfg = attention.default_prefill_config(T, D, DT.itemsize, KernelOptions(attn_pack=pack))
     attention.attention_prefill_routed(q, k, v, torch.empty_like(q), perm, counts, lens, gsize, causal,
-                                attention.default_scale(D), attention.default_prefill_config(T, D, DT.itemsize))
+                                       attention.default_scale(D), cfg)
 
 
 def decode(B, S, HQ, HK, D, gsize, lengths=False, density=None, fold=None):
@@ -350,6 +352,9 @@ case("attention", "prefill T=2048 D=64 one head per group non-causal lengths", p
 case("attention", "prefill T=4096 Qwen2.5-1.5B heads", prefill, 1, 4096, 12, 2, D, 6)
 case("attention", "prefill T=4096 SmolLM2-135M heads", prefill, 1, 4096, 9, 3, 64, 3)
 case("attention", "prefill T=16384 SmolLM2-135M heads", prefill, 1, 16384, 9, 3, 64, 3)
+case("attention", "prefill T=4096 Qwen2.5-1.5B heads packed", prefill, 1, 4096, 12, 2, D, 6, pack=True)
+case("attention", "prefill T=4096 SmolLM2-135M heads packed", prefill, 1, 4096, 9, 3, 64, 3, pack=True)
+case("attention", "prefill T=16384 SmolLM2-135M heads packed", prefill, 1, 16384, 9, 3, 64, 3, pack=True)
 case("attention", "decode B=16 S=4096 Qwen2.5-1.5B heads", decode, 16, 4096, 12, 2, D, 6)
 case("attention", "decode B=1 S=32768", decode, 1, 32768, HQ, HK, D, 4)
 case("attention", "decode B=16 S=4096 splits folded", decode, 16, 4096, HQ, HK, D, 4, fold=True)

@@ -7,7 +7,7 @@ eagerly, its measured density), else the routed kernel over the plan's per-(row,
 Prefill: one program per (batch row, *unit*, query tile). A unit is the set of query heads that share
 one KV head and one routing group (``min(group size, q heads per kv head)`` heads), so a tile packs
 ``BLOCK_M // HU_P`` tokens x ``HU`` heads against one K/V stream (GQA packing; ``HU_P`` is ``HU`` rounded up
-to a power of two, the extra rows are masked). Tokens come from the
+to a power of two, the extra rows are masked, or ``HU`` itself with ``AttentionConfig.pack``). Tokens come from the
 plan's per-(row, group) permutation: a tile holds active tokens only, its causal bound is the last
 token's position, keys visible to every row of the tile run without masks, and tiles past the group's
 count write zeros for the inactive tokens they cover.
@@ -48,6 +48,10 @@ class AttentionConfig:
     # decode only: the last split program of each (row, KV head) combines the splits (no second launch); taken
     # up to FOLD_MAX_SPLITS splits (one program combining many splits in turn was slower than the second launch)
     fold: bool = False
+    # prefill only: a token's HU heads take HU consecutive rows of a tile (BLOCK_M // HU tokens a tile, at most
+    # HU - 1 dead rows at its end) instead of HU rounded up to a power of two (3 or 6 heads a unit: a quarter of
+    # every tile's rows dead); the same tiles, fewer of them
+    pack: bool = False
 
 
 @triton.jit
@@ -60,7 +64,8 @@ def _prefill_kernel(
     HAS_LEN: tl.constexpr, HAS_QOFF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_D: tl.constexpr,
 ):
-    # a token's HU heads sit in HU_P (a power of two) consecutive rows; rows past HU are dead padding
+    # a token's HU heads sit in HU_P consecutive rows (HU rounded up to a power of two, or HU itself: packed);
+    # rows past HU of a token and rows past the tile's last whole token are dead
     TILE_T: tl.constexpr = BLOCK_M // HU_P
     pid_bu = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # late (long causal) tiles start first
@@ -75,8 +80,9 @@ def _prefill_kernel(
     idx = tile * TILE_T + r // HU_P
     slot = r % HU_P
     heads = head0 + slot
-    valid = (idx < T) & (slot < HU)
-    act = (idx < cnt) & (slot < HU)
+    live = (slot < HU) & (r < TILE_T * HU_P)
+    valid = (idx < T) & live
+    act = (idx < cnt) & live
     perm_row = perm_ptr + b * spb + grp * spg
     tok = tl.load(perm_row + idx, mask=idx < T, other=0)
     d = tl.arange(0, HEAD_D)
@@ -256,9 +262,16 @@ def _decode_reduce_kernel(
 # --------------------------------------------------------------------------------------------------
 
 
-def default_prefill_config(T: int, D: int, element_size: int = 2) -> AttentionConfig:
+def default_prefill_config(T: int, D: int, element_size: int = 2,
+                           options: KernelOptions | None = None) -> AttentionConfig:
     """H200-tuned for bf16 / fp16; 4-byte operands keep to 64 x 64 tiles (128 x 128 fp32 tiles of D=128 ask
-    for 448 KiB of shared memory, twice what an SM has)."""
+    for 448 KiB of shared memory, twice what an SM has). ``options`` (default: the current `kernel_options`) may
+    pack the heads of a unit (``attn_pack``)."""
+    tiles = _prefill_tiles(T, D, element_size)
+    return dataclasses.replace(tiles, pack=True) if (options or kernel_options()).attn_pack else tiles
+
+
+def _prefill_tiles(T: int, D: int, element_size: int) -> AttentionConfig:
     if interpreting():
         return AttentionConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
     if D <= 64:
@@ -326,9 +339,12 @@ def attention_prefill_routed(q, k, v, out, perm, counts, lengths, gsize: int, ca
     S, HK = k.shape[1], k.shape[2]
     qpk = HQ // HK
     hu = min(gsize, qpk)
-    hu_p = triton.next_power_of_2(hu)  # 3, 6 or 7 heads per unit pad to 4, 8, 8 rows per token
     cfg = config
-    if cfg.block_m % hu_p:
+    # rows a token takes: its unit's heads, packed, or padded to a power of two (3, 6 or 7 heads pad to 4, 8, 8)
+    hu_p = hu if cfg.pack else triton.next_power_of_2(hu)
+    if cfg.pack and cfg.block_m < hu:
+        raise ValueError(f"block_m={cfg.block_m} must hold one token's {hu} heads per unit")
+    if not cfg.pack and cfg.block_m % hu_p:
         raise ValueError(f"block_m={cfg.block_m} must be a multiple of the padded heads per unit {hu_p}")
     n_units = HQ // hu
     tile_t = cfg.block_m // hu_p
