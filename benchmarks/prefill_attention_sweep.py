@@ -8,10 +8,15 @@ next to SDPA flash / cuDNN on every head, and prints both absolute times and the
 
     python benchmarks/prefill_attention_sweep.py --hq 9 --hk 3 --d 64 --tokens 4096      # SmolLM2-135M
     python benchmarks/prefill_attention_sweep.py --hq 32 --hk 8 --d 128 --tokens 4096    # the 8B shape
+    python benchmarks/prefill_attention_sweep.py --hq 12 --hk 2 --d 128 --pack           # Qwen2.5-1.5B, packed too
+
+``--pack`` adds every grid config again with ``AttentionConfig.pack`` (a unit's heads in as many tile rows, not a
+power of two: 3 or 6 heads a unit leave a quarter of each padded tile dead), labelled ``pack=True``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -28,6 +33,11 @@ CANDIDATES = [None] + [A(block_m=m, block_n=n, num_warps=w, num_stages=s)
                        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
 
 
+def candidates(pack: bool) -> list:
+    """`CANDIDATES`, and with ``pack`` each grid config packed too (73 candidates)."""
+    return CANDIDATES + ([dataclasses.replace(c, pack=True) for c in CANDIDATES[1:]] if pack else [])
+
+
 def main(argv=None) -> None:
     from benchmarks.kernel_table import sdpa_fn  # the kernel table's dense side, one SDPA backend forced
     from wide.kernels import get_backend, make_plan
@@ -39,6 +49,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096])
     ap.add_argument("--density", type=float, nargs="+", default=[0.5, 1.0], help="shares of active head groups")
     ap.add_argument("--keep", type=int, default=6, help="print the N fastest candidates (and the default)")
+    ap.add_argument("--pack", action="store_true", help="also each grid config with a unit's heads packed")
     args = ap.parse_args(argv)
     if args.hq % args.hk:
         raise SystemExit(f"prefill_attention_sweep: --hq ({args.hq}) must be a multiple of --hk ({args.hk})")
@@ -73,7 +84,7 @@ def main(argv=None) -> None:
             plan = make_plan(mask).materialize(flat=False)
             ref = ref_all * mask.repeat_interleave(gsize, -1)[..., None]
             results: list = []
-            for cfg in CANDIDATES:
+            for cfg in candidates(args.pack):
                 def setup(cfg=cfg):
                     run = lambda: tb.attention_prefill(q, kt, vt, mask, plan=plan, config=cfg)  # noqa: E731
                     return run(), ref, lambda: common.bench_ms(run) * 1e3

@@ -266,6 +266,9 @@ def test_prefill_attention_sweep_candidates():
     mod = _load("prefill_attention_sweep")
     assert mod.CANDIDATES[0] is None and len(mod.CANDIDATES) == 37
     assert all(isinstance(c, AttentionConfig) for c in mod.CANDIDATES[1:])
+    assert mod.candidates(False) == mod.CANDIDATES
+    packed = mod.candidates(True)
+    assert len(packed) == 73 and len(set(packed[1:])) == 72 and sum(c.pack for c in packed[1:]) == 36
     with pytest.raises(SystemExit, match="--hq"):
         mod.main(["--hq", "9", "--hk", "2"])
 
