@@ -124,9 +124,11 @@
 #                 machine's fit goes on next session (`resume` after the first call, same JOINT_STEPS)
 #   narrow25      [detached] issue 25's Qwen2.5-1.5B 4k prefill (1.14-1.23x, target 1.3x) and SmolLM2-135M's (its routed
 #                 GEMMs save nothing at hidden 576): the routed prefill GEMM configs swept at their own layer shapes
-#                 (prefill_gemm_sweep.py --shape; the defaults were tuned at the 8B shape's K = 4096), ~3 min a shape
-#                 on an H200; then the attention grid padded vs packed (AttentionConfig.pack) at their heads and
-#                 SmolLM2 end to end with --kernel-option attn_pack=0 / 1 (when its asset is in), ~4 min
+#                 (prefill_gemm_sweep.py --shape, q_proj and gate_up at 50%: NARROW_OPS, NARROW_DENSITIES; the
+#                 defaults were tuned at the 8B shape's K = 4096); then the attention grid padded vs packed
+#                 (AttentionConfig.pack) at their heads and SmolLM2 end to end with --kernel-option attn_pack=0 / 1
+#                 (when its asset is in); ~7 min in all, no other assets (inside jointnext: JOINTNEXT_NARROW=0 skips
+#                 it when the session has less than ~28 device minutes for the whole plan)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -882,15 +884,15 @@ _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   for s in ${NARROW_SHAPES:-qwen2.5-1.5b smollm2-135m}; do
-    timeout 420 python3 benchmarks/prefill_gemm_sweep.py --shape $s --m 4096 --ops q_proj,gate_up,up_proj \
-      > /tmp/res/gemm_sweep_$s.txt 2>&1; tail -40 /tmp/res/gemm_sweep_$s.txt; done
+    timeout 300 python3 benchmarks/prefill_gemm_sweep.py --shape $s --m 4096 --ops ${NARROW_OPS:-q_proj,gate_up} \
+      --densities ${NARROW_DENSITIES:-0.5} > /tmp/res/gemm_sweep_$s.txt 2>&1; tail -40 /tmp/res/gemm_sweep_$s.txt; done
   # AttentionConfig.pack (a unit's 3 / 6 heads in as many tile rows, not 4 / 8): the attention grid padded and
   # packed at SmolLM2's and Qwen2.5-1.5B's heads, then SmolLM2 end to end with the kernel option off / on (when its
   # asset is in: jointnext fetches it first)
-  timeout 240 python3 benchmarks/prefill_attention_sweep.py --hq 9 --hk 3 --d 64 --tokens 4096 --density 0.5 1.0 \
-    --pack --keep 6 > /tmp/res/attn_pack_smol.txt 2>&1
-  timeout 240 python3 benchmarks/prefill_attention_sweep.py --hq 12 --hk 2 --d 128 --tokens 4096 --density 0.5 1.0 \
-    --pack --keep 6 > /tmp/res/attn_pack_qwen.txt 2>&1
+  timeout 200 python3 benchmarks/prefill_attention_sweep.py --hq 9 --hk 3 --d 64 --tokens 4096 --density 0.5 \
+    --pack --keep 8 > /tmp/res/attn_pack_smol.txt 2>&1
+  timeout 200 python3 benchmarks/prefill_attention_sweep.py --hq 12 --hk 2 --d 128 --tokens 4096 --density 0.5 \
+    --pack --keep 8 > /tmp/res/attn_pack_qwen.txt 2>&1
   if [ -d $WIDE_CACHE/models/smollm2-135m ]; then for o in 0 1; do
     timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 16384 --sparsity 0.5 \
       --decode-batch --kernel-option attn_pack=$o --json /tmp/res/smol_pack$o.json > /tmp/res/smol_pack$o.md 2>&1
