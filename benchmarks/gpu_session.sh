@@ -883,6 +883,10 @@ _jointnext)
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  # the prefill attention's bf16 / fp16 GPU cases first, padded and packed (AttentionConfig.pack: never run on a GPU
+  # before this stage)
+  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py -k attention_prefill \
+    > /tmp/res/gpu_tests_attn.txt 2>&1; tail -2 /tmp/res/gpu_tests_attn.txt
   for s in ${NARROW_SHAPES:-qwen2.5-1.5b smollm2-135m}; do
     timeout 300 python3 benchmarks/prefill_gemm_sweep.py --shape $s --m 4096 --ops ${NARROW_OPS:-q_proj,gate_up} \
       --densities ${NARROW_DENSITIES:-0.5} > /tmp/res/gemm_sweep_$s.txt 2>&1; tail -40 /tmp/res/gemm_sweep_$s.txt; done
