@@ -80,7 +80,9 @@ def _prefill_kernel(
     idx = tile * TILE_T + r // HU_P
     slot = r % HU_P
     heads = head0 + slot
-    live = (slot < HU) & (r < TILE_T * HU_P)
+    live = slot < HU
+    if TILE_T * HU_P < BLOCK_M:  # packed, BLOCK_M not a multiple of HU (compile time: the padded path is unchanged)
+        live = live & (r < TILE_T * HU_P)
     valid = (idx < T) & live
     act = (idx < cnt) & live
     perm_row = perm_ptr + b * spb + grp * spg
