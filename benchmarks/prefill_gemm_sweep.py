@@ -1,6 +1,7 @@
 """Prefill-sized routed gemm_mn / SwiGLU configs (M = 4096 tokens by default) on one model's layer shapes
 (``--shape``: Llama-3.1-8B by default; Qwen2.5-1.5B and SmolLM2-135M, whose hidden sizes of 1536 / 576 leave the
-8B-tuned tiles a short K loop and few tiles per wave, get narrower candidates too), against cuBLAS: the permuted-tile kernel (one program per tile) and the persistent one over the active-tile list
+8B-tuned tiles a short K loop and few tiles per wave, get narrower candidates too), against cuBLAS: the
+permuted-tile kernel (one program per tile) and the persistent one over the active-tile list
 (``GemmConfig.persistent``). TMA weight descriptors, Triton's flattened loops and warp specialization were
 swept on 2026-12-01 and lost (BENCHMARKS.md); the kernel no longer takes them.
 
@@ -28,7 +29,7 @@ from wide.kernels import get_backend, make_plan  # noqa: E402
 from wide.kernels.triton.common import GemmConfig as C  # noqa: E402
 
 DT, DEV = torch.bfloat16, "cuda"
-FFN_GROUP = 128  # the routing default: FFN channel groups of 128
+FFN_GROUP = 128  # the FFN groups `wide bench` times (its --ffn-group-size default) and the kernel table's rows
 
 
 def layer_shapes(shape: str) -> dict[str, tuple[str, int, int, int]]:
