@@ -96,6 +96,17 @@ def test_prefill_sized_gemm_mn_takes_the_persistent_kernel_unless_switched_off(m
     assert not tm.default_mn_config(4096, 14336, 4096, 128, True, KernelOptions(persistent_mn=False))[1].persistent
 
 
+def test_narrow_hidden_swiglu_takes_the_small_per_tile_config(monkeypatch):
+    """SwiGLU at SmolLM2's K = 576 from M = 1024 (H100 sweep 2026-12-06): 128 x 64 tiles, 4 warps, one program
+    per tile; a wider K (Qwen2.5-1.5B's 1536) and q keep the persistent default."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    kernel, cfg = tm.default_mn_config(4096, 1536, 576, 128, True)
+    assert kernel == "perm" and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.persistent) == (128, 64, 4, 0)
+    assert tm.default_mn_config(4096, 8960, 1536, 128, True)[1].persistent == 1
+    assert tm.default_mn_config(4096, 576, 576, 192, False)[1].num_warps == 8  # q: unchanged
+    assert tm.default_mn_config(512, 1536, 576, 128, True)[1].block_n == 128  # below DENSE_MIN_M: unchanged
+
+
 def test_kernel_options_apply_inside_their_block_and_parse_from_flags(monkeypatch):
     """`use_kernel_options` switches the defaults for a block (nested blocks stack), explicit options win, and
     ``--kernel-option`` items parse to the options or fail naming the flag."""

@@ -33,6 +33,8 @@ DIRECT_MAX_M = 64
 # persistent one at 0.8-0.9: 2026-12-01 sweep; the threshold was set for the former and still holds for q)
 DENSE_DENSITY = 0.75
 DENSE_MIN_M = 1024
+# SwiGLU with K up to this many input channels takes the narrow-K prefill tiles (`default_mn_config`)
+NARROW_K = 576
 
 
 def dense_density(group: int) -> float:
@@ -77,6 +79,13 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool,
         if swiglu and M <= 128:  # H200 run 2: 70 us at M=128 (dense 75 us)
             return "direct", GemmConfig(128, pow2_divisor(N, 128), 64, num_warps=8, num_stages=4)
         return "perm", GemmConfig(64, pow2_divisor(group, 128), 64, num_warps=4, num_stages=4)
+    if swiglu and K <= NARROW_K and M >= DENSE_MIN_M and group % 64 == 0:
+        # a narrow hidden size (SmolLM2's K = 576): the 128 x 128 persistent tiles below lose to 128 x 64 tiles
+        # of 4 warps, one program per tile. 2026-12-06 H100 sweep (`prefill_gemm_sweep.py --shape smollm2-135m`,
+        # M = 4096, 50% random masks): 30.0 us vs 34.5 us (cuBLAS with every group 29.5 us). At Qwen2.5-1.5B's
+        # K = 1536 the default below stays best (238 vs 234 us for its persistent twin, noise), so the rule stops
+        # at NARROW_K; K between 576 and 1536 (e.g. Qwen2.5-0.5B's 896) is not measured
+        return "perm", GemmConfig(128, 64, 64, num_warps=4, num_stages=3)
     if M >= DENSE_MIN_M and group % 128 == 0 and options.persistent_mn:
         # the persistent kernel over the active tiles: 2026-12-01 H200 sweep (benchmarks/prefill_gemm_sweep.py),
         # 50% random masks, us at M = 1024 / 4096 / 16384 against the one-program-per-tile kernel: gate/up 242 / 860
