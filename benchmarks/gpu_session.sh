@@ -887,22 +887,25 @@ _narrow25)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   # the prefill attention's bf16 / fp16 GPU cases first, padded and packed (AttentionConfig.pack: never run on a GPU
   # before this stage)
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py -k attention_prefill \
-    > /tmp/res/gpu_tests_attn.txt 2>&1; tail -2 /tmp/res/gpu_tests_attn.txt
+  # (NARROW_TESTS=0 skips them, NARROW_ATTN=0 the attention grids)
+  [ "${NARROW_TESTS:-1}" = 1 ] && timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py \
+    -k attention_prefill > /tmp/res/gpu_tests_attn.txt 2>&1; tail -2 /tmp/res/gpu_tests_attn.txt 2>/dev/null
   for s in ${NARROW_SHAPES:-qwen2.5-1.5b smollm2-135m}; do
     timeout 300 python3 benchmarks/prefill_gemm_sweep.py --shape $s --m 4096 --ops ${NARROW_OPS:-q_proj,gate_up} \
       --densities ${NARROW_DENSITIES:-0.5} > /tmp/res/gemm_sweep_$s.txt 2>&1; tail -40 /tmp/res/gemm_sweep_$s.txt; done
   # AttentionConfig.pack (a unit's 3 / 6 heads in as many tile rows, not 4 / 8): the attention grid padded and
   # packed at SmolLM2's and Qwen2.5-1.5B's heads, then SmolLM2 end to end with the kernel option off / on (when its
   # asset is in: jointnext fetches it first)
+  if [ "${NARROW_ATTN:-1}" = 1 ]; then
   timeout 200 python3 benchmarks/prefill_attention_sweep.py --hq 9 --hk 3 --d 64 --tokens 4096 --density 0.5 \
     --pack --keep 8 > /tmp/res/attn_pack_smol.txt 2>&1
   timeout 200 python3 benchmarks/prefill_attention_sweep.py --hq 12 --hk 2 --d 128 --tokens 4096 --density 0.5 \
-    --pack --keep 8 > /tmp/res/attn_pack_qwen.txt 2>&1
-  if [ -d $WIDE_CACHE/models/smollm2-135m ]; then for o in 0 1; do
+    --pack --keep 8 > /tmp/res/attn_pack_qwen.txt 2>&1; fi
+  # (NARROW_E2E: the kernel options compared end to end, e.g. "narrow_swiglu=0 narrow_swiglu=1"; files smol_<opt><v>)
+  if [ -d $WIDE_CACHE/models/smollm2-135m ]; then for o in ${NARROW_E2E:-attn_pack=0 attn_pack=1}; do
     timeout 200 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 16384 --sparsity 0.5 \
-      --decode-batch --kernel-option attn_pack=$o --json /tmp/res/smol_pack$o.json > /tmp/res/smol_pack$o.md 2>&1
-    grep graph /tmp/res/smol_pack$o.md; done; fi
+      --decode-batch --kernel-option $o --json /tmp/res/smol_${o/=/}.json > /tmp/res/smol_${o/=/}.md 2>&1
+    grep graph /tmp/res/smol_${o/=/}.md; done; fi
   echo NARROW25_DONE
   ;;
 _smoljoint)

@@ -98,13 +98,15 @@ def test_prefill_sized_gemm_mn_takes_the_persistent_kernel_unless_switched_off(m
 
 def test_narrow_hidden_swiglu_takes_the_small_per_tile_config(monkeypatch):
     """SwiGLU at SmolLM2's K = 576 from M = 1024 (H100 sweep 2026-12-06): 128 x 64 tiles, 4 warps, one program
-    per tile; a wider K (Qwen2.5-1.5B's 1536) and q keep the persistent default."""
+    per tile (``KernelOptions(narrow_swiglu=False)`` switches it off); a wider K (Qwen2.5-1.5B's 1536) and q keep
+    the persistent default."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     kernel, cfg = tm.default_mn_config(4096, 1536, 576, 128, True)
     assert kernel == "perm" and (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.persistent) == (128, 64, 4, 0)
     assert tm.default_mn_config(4096, 8960, 1536, 128, True)[1].persistent == 1
     assert tm.default_mn_config(4096, 576, 576, 192, False)[1].num_warps == 8  # q: unchanged
     assert tm.default_mn_config(512, 1536, 576, 128, True)[1].block_n == 128  # below DENSE_MIN_M: unchanged
+    assert tm.default_mn_config(4096, 1536, 576, 128, True, KernelOptions(narrow_swiglu=False))[1].persistent == 1
 
 
 def test_kernel_options_apply_inside_their_block_and_parse_from_flags(monkeypatch):
@@ -133,7 +135,7 @@ def test_kernel_options_apply_inside_their_block_and_parse_from_flags(monkeypatc
 
 
 def test_prefill_attention_packs_a_units_heads_only_when_switched_on(monkeypatch):
-    """``attn_pack`` changes only ``pack`` of the default prefill tiles (off by default, until measured), inside a
+    """``attn_pack`` changes only ``pack`` of the default prefill tiles (off by default: no gain measured), inside a
     `use_kernel_options` block too; the host then lays a token's heads in as many rows, no power-of-two padding."""
     import dataclasses
 

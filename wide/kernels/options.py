@@ -81,7 +81,14 @@ class KernelOptions:
     attn_pack: bool = False
     """Prefill attention packs a unit's query heads into as many tile rows (``AttentionConfig.pack``) instead of a
     power of two: with 3 heads a unit (SmolLM2-135M) or 6 (Qwen2.5-1.5B) a quarter of every tile was dead padding,
-    and packed a prompt takes about a quarter fewer tiles. Same results (parity tests); off until measured."""
+    and packed a prompt takes about a quarter fewer tiles. Same results (parity tests). Off: measured on an H100
+    (2026-12-06, T = 4096, 50%) at 48.1 vs 48.3 us (SmolLM2's heads) and 79.9 vs 81.0 us (Qwen's), no gain, as the KV
+    loop, not the padded Q rows, sets a tile's time."""
+
+    narrow_swiglu: bool = True
+    """Prefill-sized SwiGLU at a narrow hidden size (K <= `gemm_mn.NARROW_K`, SmolLM2's 576) takes 128 x 64 tiles of
+    4 warps, one program per tile (H100 sweep 2026-12-06: 30.0 vs 34.5 us at M = 4096, 50%); ``False`` gives the
+    persistent 128 x 128 tiles back."""
 
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""

@@ -79,7 +79,7 @@ def default_mn_config(M: int, N: int, K: int, group: int, swiglu: bool,
         if swiglu and M <= 128:  # H200 run 2: 70 us at M=128 (dense 75 us)
             return "direct", GemmConfig(128, pow2_divisor(N, 128), 64, num_warps=8, num_stages=4)
         return "perm", GemmConfig(64, pow2_divisor(group, 128), 64, num_warps=4, num_stages=4)
-    if swiglu and K <= NARROW_K and M >= DENSE_MIN_M and group % 64 == 0:
+    if swiglu and K <= NARROW_K and M >= DENSE_MIN_M and group % 64 == 0 and options.narrow_swiglu:
         # a narrow hidden size (SmolLM2's K = 576): the 128 x 128 persistent tiles below lose to 128 x 64 tiles
         # of 4 warps, one program per tile. 2026-12-06 H100 sweep (`prefill_gemm_sweep.py --shape smollm2-135m`,
         # M = 4096, 50% random masks): 30.0 us vs 34.5 us (cuBLAS with every group 29.5 us). At Qwen2.5-1.5B's
