@@ -246,6 +246,34 @@ def test_router_margin(rows, wdtype, kind):
     assert torch.equal(decided[clear], (ref >= 0)[clear])
 
 
+@pytest.mark.parametrize("rows,G", [(1, 224), (1, 140), (16, 224), (4, 8)])
+def test_router_prefetch_same_bits_on_the_gpu(rows, G):
+    """`KernelOptions.router_prefetch` on the GPU (bf16 routers, the 8B and Qwen FFN group counts): margins,
+    decisions, the fused norm and batch-coherent routing equal the unprefetched launch's exactly."""
+    D, R = 4096, 32
+    torch.manual_seed(rows + G)
+    x = (torch.randn(rows, D, device=DEV) * 4).to(torch.bfloat16)
+    down = (torch.randn(R, D, device=DEV) / D**0.5).to(torch.bfloat16)
+    up = (torch.randn(G, R, device=DEV) / R**0.5).to(torch.bfloat16)
+    bias = (torch.randn(G, device=DEV) * 0.1).to(torch.bfloat16)
+    w = (torch.rand(D, device=DEV) + 0.5).to(torch.bfloat16)
+    out = {}
+    for on in (False, True):
+        st = (torch.full((G,), 0.5, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
+              torch.zeros((), dtype=torch.int64, device=DEV))
+        with wk.use_kernel_options(router_prefetch=on):
+            res = [wk.router_margin(x, down, up, bias, decide=False, backend="triton"),
+                   wk.router_margin(x, down, up, bias, backend="triton"),
+                   *wk.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton")]
+            for _ in range(3):
+                wk.coherent_route(x, down, up, bias, ema=st[0], selection=st[1], step=st[2], keep=None, memory=0.5,
+                                  refresh_every=2, backend="triton")
+        torch.cuda.synchronize()
+        out[on] = res + list(st)
+    for a, b in zip(out[False], out[True]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("B,G", [(1, 8), (16, 112), (16, 448)])
 @pytest.mark.parametrize("adaptive", [False, True], ids=["keep-G/2", "keep-rows-count"])
 def test_coherent_select_and_graph_replay(B, G, adaptive):

@@ -333,3 +333,32 @@ def test_coherent_route_rejects_bad_input():
         kernels.coherent_route(torch.randn(2, 1, 8), down, ema=ema.double(), selection=sel, step=step, keep=None)
     with pytest.raises(ValueError, match="down"):
         kernels.coherent_route(torch.randn(2, 1, 8), torch.randn(4, 7), ema=ema, selection=sel, step=step, keep=None)
+
+
+@INTERPRET
+@pytest.mark.parametrize("rows,d,rank,groups,lowrank,with_bias", [
+    (1, 1000, 8, 7, True, True), (3, 3000, 32, 224, True, True),  # the 8B FFN's 224 groups at rank 32: one tile
+    (2, 2000, 64, 300, True, False),  # 512 x 64 past the tile cap: the unprefetched path
+    (1, 1000, 9, 9, False, True)])    # a linear router (the first stage has the G outputs)
+def test_router_prefetch_gives_the_same_margins_bit_for_bit(rows, d, rank, groups, lowrank, with_bias):
+    """`KernelOptions.router_prefetch` (the second stage loaded before the arrival atomic) changes where the loads
+    sit, not the sums: margins, decisions and the fused norm's output equal the unprefetched kernel's exactly, and
+    the torch reference's within rounding."""
+    from wide.kernels import use_kernel_options
+
+    torch.manual_seed(rows + d + groups)
+    x = torch.randn(rows, d) * 2
+    down = torch.randn(rank if lowrank else groups, d) / d ** 0.5
+    up = torch.randn(groups, rank) / rank ** 0.5 if lowrank else None
+    bias = torch.randn(groups) * 0.1 if with_bias else None
+    w = torch.rand(d) + 0.5
+    got = {}
+    for on in (False, True):
+        with use_kernel_options(router_prefetch=on):
+            got[on] = (kernels.router_margin(x, down, up, bias, decide=False, backend="triton"),
+                       kernels.router_margin(x, down, up, bias, backend="triton"),
+                       *kernels.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton"))
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a, b)
+    ref = kernels.router_margin(x, down, up, bias, decide=False, backend="torch")
+    torch.testing.assert_close(got[True][0], ref, rtol=1e-4, atol=1e-5)

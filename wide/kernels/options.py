@@ -90,6 +90,13 @@ class KernelOptions:
     4 warps, one program per tile (H100 sweep 2026-12-06: 30.0 vs 34.5 us at M = 4096, 50%); ``False`` gives the
     persistent 128 x 128 tiles back."""
 
+    router_prefetch: bool = False
+    """The decode router kernel (`wide.kernels.router_margin`, one launch a layer and kind) loads its second stage
+    (``up`` over the rank and the bias, every group in one tile) in every program before the arrival atomic, so the
+    row's last program runs the second GEMV without a memory round trip of its own. The serial tail after the atomic
+    is what a low-rank router call waits on: 7.5–8 us a call on an H100 profile (2026-12-06) for a few hundred KB of
+    weights, the FFN's call on the step's critical path. Same margins bit for bit (parity tests). Off until timed."""
+
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""
         base = KernelOptions()

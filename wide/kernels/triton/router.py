@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..options import kernel_options
 from .common import arrival_counters, capturing
 
 
@@ -68,7 +69,7 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                           BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
                           COHERENT: tl.constexpr, ADAPTIVE: tl.constexpr, LIST: tl.constexpr,
                           BLOCK_GC: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr,
-                          WRITE_NORM: tl.constexpr):
+                          WRITE_NORM: tl.constexpr, PREFETCH: tl.constexpr):
     # program (row, s): the first GEMV over columns [s * CHUNK, (s + 1) * CHUNK) of x and ``down``, so that
     # SPLIT programs per row stream the router's weights at once; each writes its partial sums, and the
     # row's last program to finish (an atomic counter) adds them in split order (deterministic), then
@@ -92,6 +93,17 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
         w = tl.load(down_ptr + r[:, None] * sdr + d[None, :], mask=rin[:, None] & din[None, :], other=0.0)
         h += tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
     sq = tl.sum(ss, axis=0)
+    if PREFETCH:
+        # the second stage's operands (every group in one tile, G <= BLOCK_G), loaded by every program before the
+        # arrival atomic: whichever program turns out last has them in registers and runs the second GEMV with no
+        # memory round trip of its own (the atomic's release keeps the loads above it). The same products and sums
+        # as `router_second_stage`'s, so the same margins bit for bit
+        gp = tl.arange(0, BLOCK_G)
+        gpin = gp < G
+        if HAS_UP:
+            u_pre = tl.load(up_ptr + gp[:, None] * sug + r[None, :], mask=gpin[:, None] & rin[None, :], other=0.0)
+        if HAS_BIAS:
+            b_pre = tl.load(bias_ptr + gp, mask=gpin, other=0.0)
     if SPLIT > 1:
         base = part_ptr + (row * SPLIT + s) * (BLOCK_R + 1)
         tl.store(base + r, h)
@@ -113,8 +125,20 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
                          False)
         if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
             h = h * tl.rsqrt(sq / D + eps)
-        router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_ptr + row * som, G, HAS_UP, HAS_BIAS, DECIDE,
-                            BLOCK_G)
+        if PREFETCH:
+            if HAS_UP:
+                m = tl.sum(u_pre.to(tl.float32) * h[None, :], axis=1)
+            else:  # the first stage already has G outputs (R == G)
+                m = tl.sum(tl.where(gp[:, None] == r[None, :], h[None, :], 0.0), axis=1)
+            if HAS_BIAS:
+                m += b_pre.to(tl.float32)
+            if DECIDE:
+                tl.store(out_ptr + row * som + gp, (m >= 0).to(tl.uint8), mask=gpin)
+            else:
+                tl.store(out_ptr + row * som + gp, m, mask=gpin)
+        else:
+            router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_ptr + row * som, G, HAS_UP, HAS_BIAS, DECIDE,
+                                BLOCK_G)
         if COHERENT:
             tl.debug_barrier()
             rows_done = tl.atomic_add(cnt_ptr + M, 1, sem="acq_rel")  # releases this row's margins
@@ -233,6 +257,12 @@ def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Te
     split = min(triton.next_power_of_2(n_blocks), 64)
     chunk = triton.cdiv(n_blocks, split) * block_d
     split = triton.next_power_of_2(triton.cdiv(D, chunk))
+    # KernelOptions.router_prefetch: a split row's second stage (`up` and the bias) as one tile of every group (up
+    # to 8192 elements), which every program of the row loads before its arrival atomic (`_router_margin_kernel`)
+    prefetch = (split > 1 and kernel_options().router_prefetch
+                and max(16, triton.next_power_of_2(G)) * block_r <= 8192)
+    if prefetch:
+        block_g = max(16, triton.next_power_of_2(G))
     parts = torch.empty(M * split * (block_r + 1), device=x.device, dtype=torch.float32) if split > 1 else dst
     c = coherent or {}
     step = c.get("step", dst)  # never read without COHERENT
@@ -251,7 +281,7 @@ def _margin_launch(x, down, up, bias, normalize: bool, eps: float, dst: torch.Te
         SPLIT=split, BLOCK_D=block_d, BLOCK_R=block_r, BLOCK_G=block_g,
         COHERENT=coherent is not None, ADAPTIVE=coherent is not None and c.get("keep") is None,
         LIST=c.get("groups") is not None, BLOCK_GC=bg, BLOCK_J=bj, BLOCK_B=bb, WRITE_NORM=norm is not None,
-        num_warps=4)
+        PREFETCH=prefetch, num_warps=4)
 
 
 def router_margin(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
