@@ -111,11 +111,14 @@ class Recorder:
 for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
     # (coherent: batch-coherent decode's selection in the last row's program, `coherent_route`)
     # (norm: the layer's RMSNorm written by the last program too, `rms_norm_route`)
-    for has_up, decide, split, coherent, norm in ((True, True, 32, None, False), (True, False, 1, None, False),
-                                                  (False, True, 64, None, False),
-                                                  (True, False, 32, (True, True, 128, 128), False),
-                                                  (True, False, 64, (False, False, 512, 16), False),
-                                                  (True, True, 32, None, True), (False, True, 1, None, True)):
+    # (prefetch: `KernelOptions.router_prefetch`, the second stage loaded before the atomic: 256 groups of rank 32)
+    for has_up, decide, split, coherent, norm, prefetch in (
+            (True, True, 32, None, False, False), (True, False, 1, None, False, False),
+            (False, True, 64, None, False, False), (True, False, 32, (True, True, 128, 128), False, False),
+            (True, False, 64, (False, False, 512, 16), False, False), (True, True, 32, None, True, False),
+            (False, True, 1, None, True, False), (True, True, 32, None, False, True),
+            (True, False, 32, (True, True, 256, 256), False, True), (True, True, 32, None, True, True),
+            (False, True, 64, None, False, True)):
         dst = "*u8" if decide else "*fp32"
         sig = {"x_ptr": f"*{xdtype}", "down_ptr": f"*{wdtype}", "up_ptr": f"*{wdtype}", "bias_ptr": f"*{wdtype}",
                "out_ptr": "*u8" if decide else "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "D": "i32",
@@ -126,15 +129,16 @@ for xdtype, wdtype in (("bf16", "fp32"), ("fp16", "bf16")):
                "sym": "i32", "norm_eps": "fp32", "NORMALIZE": "constexpr", "HAS_UP": "constexpr",
                "HAS_BIAS": "constexpr", "DECIDE": "constexpr", "SPLIT": "constexpr", "BLOCK_D": "constexpr",
                "BLOCK_R": "constexpr", "BLOCK_G": "constexpr", "COHERENT": "constexpr", "ADAPTIVE": "constexpr", "LIST": "constexpr",
-               "BLOCK_GC": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr", "WRITE_NORM": "constexpr"}
+               "BLOCK_GC": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr", "WRITE_NORM": "constexpr",
+               "PREFETCH": "constexpr"}
         adaptive, listed, bgc, bj = coherent or (False, False, 16, 16)
         consts = {"NORMALIZE": True, "HAS_UP": has_up, "HAS_BIAS": True, "DECIDE": decide, "SPLIT": split,
-                  "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 128, "COHERENT": coherent is not None,
+                  "BLOCK_D": 128, "BLOCK_R": 32, "BLOCK_G": 256 if prefetch else 128, "COHERENT": coherent is not None,
                   "ADAPTIVE": adaptive, "LIST": listed, "BLOCK_GC": bgc, "BLOCK_J": bj,
-                  "BLOCK_B": 16 if bgc <= 128 else 8, "WRITE_NORM": norm}
+                  "BLOCK_B": 16 if bgc <= 128 else 8, "WRITE_NORM": norm, "PREFETCH": prefetch}
         job("router._router_margin_kernel",
-            f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent} norm={norm}", sig,
-            consts)
+            f"x {xdtype} w {wdtype} up={has_up} decide={decide} split={split} coherent={coherent} norm={norm} "
+            f"prefetch={prefetch}", sig, consts)
 # a prefill router's tail (`router_tail`, after the cuBLAS GEMM): low-rank with the hi / lo halves of fp32 weights
 # (rank 32, BLOCK_M 8) and rank 128 (BLOCK_M 4); linear routers (G = R outputs, up to 1024)
 for xdtype, has_up, split, decide, bm, br, bg in (("bf16", True, True, True, 8, 32, 16),
