@@ -342,8 +342,8 @@ def test_coherent_route_rejects_bad_input():
     (1, 1000, 9, 9, False, True)])    # a linear router (the first stage has the G outputs)
 def test_router_prefetch_gives_the_same_margins_bit_for_bit(rows, d, rank, groups, lowrank, with_bias):
     """`KernelOptions.router_prefetch` (the second stage loaded before the arrival atomic) changes where the loads
-    sit, not the sums: margins, decisions and the fused norm's output equal the unprefetched kernel's exactly, and
-    the torch reference's within rounding."""
+    sit, not the sums: margins, decisions, the fused norm's output and batch-coherent routing's state equal the
+    unprefetched kernel's exactly, and the torch reference's within rounding."""
     from wide.kernels import use_kernel_options
 
     torch.manual_seed(rows + d + groups)
@@ -355,9 +355,14 @@ def test_router_prefetch_gives_the_same_margins_bit_for_bit(rows, d, rank, group
     got = {}
     for on in (False, True):
         with use_kernel_options(router_prefetch=on):
+            ema, sel = torch.full((groups,), 0.5), torch.zeros(groups, dtype=torch.bool)
+            step = torch.zeros((), dtype=torch.int64)
+            for _ in range(2):  # batch-coherent decode routing: the margins, then the last row's selection
+                kernels.coherent_route(x, down, up, bias, ema=ema, selection=sel, step=step, keep=None, memory=0.5,
+                                       backend="triton")
             got[on] = (kernels.router_margin(x, down, up, bias, decide=False, backend="triton"),
                        kernels.router_margin(x, down, up, bias, backend="triton"),
-                       *kernels.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton"))
+                       *kernels.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton"), ema, sel, step)
     for a, b in zip(got[False], got[True]):
         assert torch.equal(a, b)
     ref = kernels.router_margin(x, down, up, bias, decide=False, backend="torch")
