@@ -879,13 +879,18 @@ _jointnext)
   [ "${JOINTNEXT_PROFILE:-0}" = 1 ] && timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random \
     --sparsity 0.5 --top 40 > /tmp/res/profile_8b_b1.txt 2>&1
   # JOINTNEXT_PREFETCH=1: KernelOptions.router_prefetch (the low-rank router kernel's second stage before its atomic):
-  # its GPU tests, then the 8B and Qwen batch-1 decode profiles with low-rank routers, off / on (~4 min)
+  # its GPU tests, then the 8B and Qwen batch-1 decode profiles with low-rank routers, off / on (~5 min)
   if [ "${JOINTNEXT_PREFETCH:-0}" = 1 ]; then
     timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py \
       -k "prefetch or router_margin or coherent_route" > /tmp/res/gpu_tests_prefetch.txt 2>&1; tail -2 /tmp/res/gpu_tests_prefetch.txt
     for s in llama-8b qwen2.5-1.5b; do for v in 0 1; do timeout 120 python3 benchmarks/profile_decode.py --shape $s \
       --batch 1 --router lowrank --sparsity 0.5 --top 25 --kernel-option router_prefetch=$v \
-      > /tmp/res/profile_${s}_prefetch$v.txt 2>&1; grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch$v.txt; done; done
+      > /tmp/res/profile_${s}_prefetch$v.txt 2>&1; grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch$v.txt; done
+    # the attention router on the main stream, so that decode_qkv skips the q heads of unrun groups (it reads every
+    # q head beside the side-stream router): pays only if the router's latency is below those heads' bytes
+    timeout 120 python3 benchmarks/profile_decode.py --shape $s --batch 1 --router lowrank --sparsity 0.5 --top 25 \
+      --no-overlap-routing --kernel-option router_prefetch=1 > /tmp/res/profile_${s}_prefetch1_main.txt 2>&1
+    grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch1_main.txt; done
   fi
   # JOINTNEXT_TIMED=1: also what ran on an H100 on 2026-12-06 (the attention sweep, the SmolLM2 profiles, the kernel
   # table, the bench GPU tests) on this card: ~6 min more before the joint fit
