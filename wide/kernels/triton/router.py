@@ -39,25 +39,48 @@ def rms_norm_row(row_ptr, gamma_ptr, y_ptr, D, inv, BLOCK_D: tl.constexpr, PAST_
 
 
 @triton.jit
+def router_stage_operands(up_ptr, sug, bias_ptr, g, gin, r, rin, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The second stage's operands for the groups ``g``: ``up``'s rows over the rank and the bias (each ``0.0``
+    where the router has none)."""
+    if HAS_UP:
+        u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
+    else:
+        u = 0.0
+    if HAS_BIAS:
+        b = tl.load(bias_ptr + g, mask=gin, other=0.0)
+    else:
+        b = 0.0
+    return u, b
+
+
+@triton.jit
+def router_stage_tile(h, u, b, g, gin, r, out_row_ptr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      DECIDE: tl.constexpr):
+    """The groups ``g``'s margins from the first GEMV ``h [BLOCK_R]`` (fp32, normalised) and their operands
+    (`router_stage_operands`): the second GEMV over the rank (or ``h`` itself when the first stage has the G
+    outputs), the bias, and the decisions ``margin >= 0`` (``DECIDE``, uint8) or the fp32 margins, stored."""
+    if HAS_UP:
+        m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
+    else:  # the first stage already has G outputs (R == G)
+        m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
+    if HAS_BIAS:
+        m += b.to(tl.float32)
+    if DECIDE:
+        tl.store(out_row_ptr + g, (m >= 0).to(tl.uint8), mask=gin)
+    else:
+        tl.store(out_row_ptr + g, m, mask=gin)
+
+
+@triton.jit
 def router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_row_ptr, G, HAS_UP: tl.constexpr,
                         HAS_BIAS: tl.constexpr, DECIDE: tl.constexpr, BLOCK_G: tl.constexpr):
-    """A linear / low-rank router's rest for one row, from its first GEMV ``h [BLOCK_R]`` (fp32, normalised): the
-    second GEMV over the rank (or ``h`` itself when the first stage has the G outputs), the bias, and the decisions
-    ``margin >= 0`` (``DECIDE``, uint8) or the fp32 margins, to ``out_row_ptr``'s G entries."""
+    """A linear / low-rank router's rest for one row, BLOCK_G groups a trip: `router_stage_operands`, then
+    `router_stage_tile`, to ``out_row_ptr``'s G entries."""
     for g0 in range(0, G, BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
         gin = g < G
-        if HAS_UP:
-            u = tl.load(up_ptr + g[:, None] * sug + r[None, :], mask=gin[:, None] & rin[None, :], other=0.0)
-            m = tl.sum(u.to(tl.float32) * h[None, :], axis=1)
-        else:  # the first stage already has G outputs (R == G)
-            m = tl.sum(tl.where(g[:, None] == r[None, :], h[None, :], 0.0), axis=1)
-        if HAS_BIAS:
-            m += tl.load(bias_ptr + g, mask=gin, other=0.0).to(tl.float32)
-        if DECIDE:
-            tl.store(out_row_ptr + g, (m >= 0).to(tl.uint8), mask=gin)
-        else:
-            tl.store(out_row_ptr + g, m, mask=gin)
+        u, b = router_stage_operands(up_ptr, sug, bias_ptr, g, gin, r, rin, HAS_UP, HAS_BIAS)
+        router_stage_tile(h, u, b, g, gin, r, out_row_ptr, HAS_UP, HAS_BIAS, DECIDE)
 
 
 @triton.jit
@@ -96,14 +119,11 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
     if PREFETCH:
         # the second stage's operands (every group in one tile, G <= BLOCK_G), loaded by every program before the
         # arrival atomic: whichever program turns out last has them in registers and runs the second GEMV with no
-        # memory round trip of its own (the atomic's release keeps the loads above it). The same products and sums
-        # as `router_second_stage`'s, so the same margins bit for bit
+        # memory round trip of its own (the atomic's release keeps the loads above it); the same tile function as
+        # `router_second_stage`'s, so the same margins bit for bit
         gp = tl.arange(0, BLOCK_G)
         gpin = gp < G
-        if HAS_UP:
-            u_pre = tl.load(up_ptr + gp[:, None] * sug + r[None, :], mask=gpin[:, None] & rin[None, :], other=0.0)
-        if HAS_BIAS:
-            b_pre = tl.load(bias_ptr + gp, mask=gpin, other=0.0)
+        u_pre, b_pre = router_stage_operands(up_ptr, sug, bias_ptr, gp, gpin, r, rin, HAS_UP, HAS_BIAS)
     if SPLIT > 1:
         base = part_ptr + (row * SPLIT + s) * (BLOCK_R + 1)
         tl.store(base + r, h)
@@ -126,16 +146,7 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
         if NORMALIZE:  # rms(x) @ W^T == (x @ W^T) / rms(x)
             h = h * tl.rsqrt(sq / D + eps)
         if PREFETCH:
-            if HAS_UP:
-                m = tl.sum(u_pre.to(tl.float32) * h[None, :], axis=1)
-            else:  # the first stage already has G outputs (R == G)
-                m = tl.sum(tl.where(gp[:, None] == r[None, :], h[None, :], 0.0), axis=1)
-            if HAS_BIAS:
-                m += b_pre.to(tl.float32)
-            if DECIDE:
-                tl.store(out_ptr + row * som + gp, (m >= 0).to(tl.uint8), mask=gpin)
-            else:
-                tl.store(out_ptr + row * som + gp, m, mask=gpin)
+            router_stage_tile(h, u_pre, b_pre, gp, gpin, r, out_ptr + row * som, HAS_UP, HAS_BIAS, DECIDE)
         else:
             router_second_stage(h, r, rin, up_ptr, sug, bias_ptr, out_ptr + row * som, G, HAS_UP, HAS_BIAS, DECIDE,
                                 BLOCK_G)
