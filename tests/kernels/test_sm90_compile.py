@@ -43,7 +43,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, mangle_type
-from wide.kernels.triton import attention, gemm_k, gemm_mn, partition, router
+from wide.kernels.triton import attention, coherent, gemm_k, gemm_mn, partition, router
 from wide.kernels.triton import decode_qkv as qkv_mod
 from wide.kernels.triton import experts as experts_mod
 from wide.kernels.experts import ExpertLayout
@@ -51,8 +51,8 @@ from wide.kernels.options import KernelOptions
 from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
-MODULES = {"router": router, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention, "partition": partition,
-           "decode_qkv": qkv_mod, "experts": experts_mod}
+MODULES = {"router": router, "coherent": coherent, "gemm_mn": gemm_mn, "gemm_k": gemm_k, "attention": attention,
+           "partition": partition, "decode_qkv": qkv_mod, "experts": experts_mod}
 
 
 def launched(mod):
@@ -161,13 +161,13 @@ for mdtype in ("bf16", "fp32"):
            "BLOCK_G": "constexpr", "BLOCK_J": "constexpr", "BLOCK_B": "constexpr"}
     for adaptive in (False, True):  # 448 groups (BLOCK_G 512, 8 rows a tile, j-blocks) and 112 (128, 16 rows,
         for bg, bj, bb in ((512, 16, 8), (128, 128, 16)):  # one block), with and without the group list
-            job("router._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg} list={adaptive}",
+            job("coherent._coherent_kernel", f"margin {mdtype} adaptive keep={adaptive} G<={bg} list={adaptive}",
                 sig, {"ADAPTIVE": adaptive, "LIST": adaptive, "BLOCK_G": bg, "BLOCK_J": bj, "BLOCK_B": bb})
 
 # ---- gemm / attention / plan kernels: what their launchers launch ----------------------------------
 for name in KERNELS:
     mod, attr = name.split(".")
-    if mod != "router":
+    if mod not in ("router", "coherent"):  # the routing kernels: fixed signatures above
         setattr(MODULES[mod], attr, Recorder(name))
 attention._sm_count = lambda device: 132  # H200: decode_splits sizes the key split from the SM count
 experts_mod.programs = lambda device, per_sm: 132 * per_sm  # the experts' persistent grids: the H200's SMs
@@ -427,7 +427,7 @@ PATHS = {
     "router._router_tail_kernel": {"up": lambda c: c["HAS_UP"], "no up": lambda c: not c["HAS_UP"],
                                    "hi / lo halves": lambda c: c["SPLIT"], "one h": lambda c: not c["SPLIT"],
                                    "decide": lambda c: c["DECIDE"], "margin": lambda c: not c["DECIDE"]},
-    "router._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],
+    "coherent._coherent_kernel": {"fixed keep": lambda c: not c["ADAPTIVE"], "adaptive keep": lambda c: c["ADAPTIVE"],
                                 "group list": lambda c: c["LIST"], "no list": lambda c: not c["LIST"],
                                 "one block": lambda c: c["BLOCK_J"] == c["BLOCK_G"],
                                 "j-blocks": lambda c: c["BLOCK_J"] < c["BLOCK_G"]},

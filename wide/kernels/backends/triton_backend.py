@@ -305,7 +305,7 @@ class TritonBackend(KernelBackend):
 
     def coherent_select(self, margin, ema, selection, step, *, keep, memory=0.0, refresh_every=1, keep_scale=1.0,
                         groups=None):
-        from ..triton import router as host
+        from ..triton import coherent as host
 
         return host.coherent_select(margin, ema, selection, step, keep, memory, refresh_every, keep_scale, groups)
 
