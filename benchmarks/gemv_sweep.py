@@ -10,7 +10,10 @@ groups, as coherent decode makes them) and per-token (independent rows). Prints 
 
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py            # batch 1 (H200: ~1 min)
     PYTHONPATH=. python3 benchmarks/gemv_sweep.py --m 16     # batch 16
+    PYTHONPATH=. python3 benchmarks/gemv_sweep.py --colmajor [--m 16]   # gemm_k over column-major weights
 """
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -40,6 +43,16 @@ K_CANDIDATES = [C(1, bn, 128, w, st, split_k=sp, variant=v) for v in ("local", "
 MN_CANDIDATES = [("direct", C(1, bn, bk, w, st)) for (bn, bk, w, st) in
                  ((8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 4, 4), (32, 256, 4, 4), (8, 256, 4, 4), (8, 512, 8, 4),
                   (4, 512, 4, 4), (8, 1024, 4, 3), (16, 512, 8, 3), (8, 512, 2, 6))]
+# column-major gemm_k weights (`--colmajor`, wide.set_weight_layout): wide N tiles (rows contiguous along N), short K
+# chunks, more splits over the active groups' chunks
+K_COL = [C(1, bn, bk, w, st, split_k=sp, variant=v) for v in ("local", "")
+         for (bn, bk, w, st, sp) in ((256, 32, 8, 4, 8), (256, 32, 8, 4, 4), (256, 32, 4, 4, 8), (128, 32, 4, 4, 8),
+                                     (128, 64, 8, 4, 8), (128, 32, 4, 4, 16), (256, 16, 8, 4, 8), (512, 16, 8, 4, 4),
+                                     (512, 32, 8, 3, 4), (256, 64, 8, 3, 4), (128, 16, 4, 4, 16), (64, 64, 4, 4, 16),
+                                     (256, 32, 8, 4, 16), (512, 16, 8, 4, 8), (1024, 8, 8, 4, 4))]
+K16_COL = [C(16, bn, bk, w, st, split_k=sp, variant=v, swap=sw) for v in ("list", "") for sw in (False, True)
+           for (bn, bk, w, st, sp) in ((128, 32, 4, 4, 4), (128, 64, 4, 4, 4), (256, 32, 8, 4, 4), (64, 64, 4, 4, 8),
+                                       (128, 32, 4, 4, 8), (256, 64, 8, 3, 4), (64, 128, 4, 4, 4))]
 CANDIDATES = {"gemm_k": [None] + K_CANDIDATES, "gemm_mn": [None] + MN_CANDIDATES, "swiglu": [None] + MN_CANDIDATES}
 K16 = [C(16, bn, bk, w, st, split_k=sp, variant=v) for v in ("", "list", "local")
        for (bn, bk, w, st, sp) in ((64, 128, 4, 4, 4), (64, 128, 4, 4, 2), (64, 128, 4, 4, 8), (32, 128, 4, 4, 4),
@@ -92,6 +105,12 @@ def masks(m: int, ng: int):
 def main(argv=None) -> None:
     ap = common.parser(__doc__, device=None, dtype=None, outputs=False)
     ap.add_argument("--m", type=int, default=1, choices=[1, 16], help="rows (decode batch)")
+    ap.add_argument("--colmajor", action="store_true",
+                    help="gemm_k weights stored column-major (wide.set_weight_layout), with its candidate configs; "
+                         "the dense baseline stays cuBLAS on the row-major weights")
+    ap.add_argument("--best-json", default=None,
+                    help="with --colmajor: write each gemm_k shape's fastest config at 50%% (coherent at --m 16) as "
+                         "gemm_k.COLMAJOR_DECODE entries (merged into the file), for benchmarks/with_configs.py")
     ap.add_argument("--swap-only", action="store_true",
                     help="with --m 16: only the default and the transposed-tile (swap) configs")
     args = ap.parse_args(argv)
@@ -101,9 +120,14 @@ def main(argv=None) -> None:
     if args.swap_only:
         candidates = {op: [c for c in cs if c is None or (c[1] if isinstance(c, tuple) else c).swap]
                       for op, cs in candidates.items()}
+    if args.colmajor:
+        candidates = {"gemm_k": [None] + (K_COL if m == 1 else K16_COL)}
+    best: dict = {}
     print(common.meta_line(common.meta()))
-    print(f"bf16, M={m}, {COPIES} weight copies")
+    print(f"bf16, M={m}, {COPIES} weight copies" + (", gemm_k weights column-major" if args.colmajor else ""))
     for name, (op, N, K, group) in SHAPES.items():
+        if op not in candidates:
+            continue
         x = torch.randn(m, K, device=DEV, dtype=DT)
         ws = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)]
         w2s = [torch.randn(N, K, device=DEV, dtype=DT) / K ** 0.5 for _ in range(COPIES)] if op == "swiglu" else None
@@ -119,17 +143,52 @@ def main(argv=None) -> None:
         d = graph_us(dense)
         print(f"== {name} {op} N={N} K={K} group={group}: dense {d:.1f} us ({nbytes / d / 1e6:.2f} TB/s){extra}",
               flush=True)
+        rows_ws = ws
+        if args.colmajor:  # the same values stored column-major (strides (1, N)); cuBLAS on them too
+            ws = [w.t().contiguous().t() for w in ws]
+            extra = f", cuBLAS on the column-major copies {graph_us([lambda w=w: F.linear(x, w) for w in ws]):.1f} us"
+            print(f"   {name}{extra}", flush=True)
         ng = (K if op == "gemm_k" else N) // group
         for label, density, mask in masks(m, ng):
             plan = make_plan(mask).materialize(flat=True)
             res = []
+            if args.colmajor:  # the row-major weights' default config, in the same run
+                fns, _, _ = routed_calls(op, x, rows_ws, w2s, mask, plan, None)
+                t = graph_us(fns)
+                print(f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  "
+                      f"{nbytes * density / t / 1e6:5.2f} TB/s  row-major weights, default config", flush=True)
             for cfg in candidates[op]:
                 def setup(cfg=cfg):
                     fns, out, ref = routed_calls(op, x, ws, w2s, mask, plan, cfg)
                     return out, ref, lambda: graph_us(fns)
                 time_candidate(res, cfg, setup)
+            if args.best_json and args.colmajor and density == 0.5 and label in ("", "coherent"):
+                best[f"{m},{group >= 512}"] = _fastest_right(res, candidates[op])
             print_fastest(res, lambda t, c, err: f"  d={density:.2f} {label:9s} {t:7.1f} us  {d / t:5.2f}x  "
                                                  f"{nbytes * density / t / 1e6:5.2f} TB/s  rel err {err}  {c}")
+    if args.best_json and args.colmajor:
+        write_best(args.best_json, best)
+
+
+def _fastest_right(res: list, cands: list):
+    """The fastest candidate's config fields among those whose result matched the reference (``None``: the default
+    won)."""
+    def right(err: str) -> bool:
+        try:
+            return float(err) < 2e-2
+        except ValueError:
+            return False
+    t, label, _ = min(r for r in res if right(r[2]))
+    return None if label == "None" else next(dataclasses.asdict(c) for c in cands if str(c) == label)
+
+
+def write_best(path: str, best: dict) -> None:
+    """Merges ``best`` (``"<rows>,<wide>"`` -> config fields; ``None``: the default won, no entry) into ``path``."""
+    p = Path(path)
+    merged = json.loads(p.read_text()) if p.is_file() else {}
+    merged.update({k: v for k, v in best.items() if v is not None})
+    p.write_text(json.dumps(merged, indent=1))
+    print(f"best column-major configs -> {path}: {merged}")
 
 
 if __name__ == "__main__":

@@ -131,6 +131,13 @@
 #                 (AttentionConfig.pack) at their heads and SmolLM2 end to end with --kernel-option attn_pack=0 / 1
 #                 (when its asset is in); ~7 min in all, no other assets (inside jointnext: JOINTNEXT_NARROW=0 skips
 #                 it when the session has less than ~28 device minutes for the whole plan)
+#   col23         [detached] issue 23's column-major o_proj / down_proj weights (wide.set_weight_layout), no assets: the
+#                 GPU tests of gemm_k, gemm_k_route, the layout and the router kernel (router_prefetch), the decode
+#                 gemm_k sweep over column-major weights at M = 1 and 16 (gemv_sweep.py --colmajor, the row-major
+#                 default beside it; best configs -> /tmp/res/colmajor_best.json), then the 8B shape's wide bench
+#                 (fused glue, graphs, 50% / 75%, batch 1 / 16, coherent) with row-major weights and with column-major
+#                 ones under the sweep's best (benchmarks/with_configs.py), the 8B batch-1 profile with column-major
+#                 weights, and (COL_PREFETCH=1, default) router_prefetch's low-rank profiles off / on; ~14 min on an H200
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -271,7 +278,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext|narrow25)
+bench|col23|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext|narrow25)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -907,6 +914,27 @@ _jointnext)
   # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
   [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
+  ;;
+_col23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  best=/tmp/res/colmajor_best.json; WC="python3 benchmarks/with_configs.py $best"
+  timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py tests/modeling/test_layout.py \
+    -k "gemm_k or column_major or prefetch or router_margin or coherent_route" > /tmp/res/gpu_tests_col.txt 2>&1
+  tail -3 /tmp/res/gpu_tests_col.txt
+  timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
+  timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --m 16 --best-json $best > /tmp/res/gemv_colmajor_m16.txt 2>&1
+  tail -2 /tmp/res/gemv_colmajor_m16.txt
+  for lay in row column; do timeout 420 $WC wide.cli bench --fuse-glue --coherent --prefill --sparsity 0.5 0.75 \
+    --decode-batch 1 16 --weight-layout $lay --json /tmp/res/bench8b_$lay.json > /tmp/res/bench8b_$lay.md 2>&1
+    grep "decode" /tmp/res/bench8b_$lay.md | head -8; done
+  timeout 150 $WC benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 30 --weight-layout column \
+    > /tmp/res/profile_8b_b1_column.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1_column.txt
+  if [ "${COL_PREFETCH:-1}" = 1 ]; then for s in llama-8b qwen2.5-1.5b; do for v in 0 1; do
+    timeout 120 python3 benchmarks/profile_decode.py --shape $s --batch 1 --router lowrank --sparsity 0.5 --top 25 \
+      --kernel-option router_prefetch=$v > /tmp/res/profile_${s}_prefetch$v.txt 2>&1
+    grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch$v.txt; done; done; fi
+  echo COL23_DONE
   ;;
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}

@@ -47,6 +47,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-overlap-routing", action="store_true",
                     help="the attention router on the main stream (as `wide bench --no-overlap-routing`)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--weight-layout", choices=["row", "column"], default="row",
+                    help="the routed model's o_proj / down_proj weights (wide.set_weight_layout)")
     common.add_routing_args(ap)
     args = ap.parse_args(argv)
     device, dtype = common.setup(args)
@@ -71,6 +73,7 @@ def main(argv=None) -> None:
     common.route(model, args.sparsity, args.router, args.ffn_group_size, args.attn_group_size,
                  fuse_glue=not args.no_fuse_glue, coherent=args.coherent)
     wide.set_overlap_routing(model, not args.no_overlap_routing)
+    wide.set_weight_layout(model, args.weight_layout)
     with use_kernel_options(common.kernel_options_of(args)):  # captured under them
         runner = DecodeRunner(model, args.batch, args.context, True)
         assert runner.mode == "graph", runner.mode
@@ -81,7 +84,8 @@ def main(argv=None) -> None:
     L = args.layers
     print(f"decode step, batch {args.batch}, context {args.context}, {L} layers of the {args.shape} shape, "
           f"{args.dtype}, "
-          f"CUDA graph replay, glue {'not ' if args.no_fuse_glue else ''}fused; per layer = per step / {L}")
+          f"CUDA graph replay, glue {'not ' if args.no_fuse_glue else ''}fused, routed o_proj / down_proj weights "
+          f"{args.weight_layout}-major; per layer = per step / {L}")
     for name, (wall, table) in results.items():
         gpu = sum(t for t, _ in table.values())
         launches = sum(c for _, c in table.values())

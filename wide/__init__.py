@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "enable_kernels": "wide.modeling.inference",
     "set_coherent_decode": "wide.modeling.inference",
     "set_overlap_routing": "wide.modeling.inference",
+    "set_weight_layout": "wide.modeling.layout",
     "POLICIES": "wide.policies",
     "Policy": "wide.policies",
     "register_policy": "wide.policies",
@@ -64,6 +65,7 @@ __all__ = [
     "set_coherent_decode",
     "set_overlap_routing",
     "set_temperature",
+    "set_weight_layout",
     "sparsity_stats",
     "unfuse_glue",
 ]
@@ -83,6 +85,7 @@ if TYPE_CHECKING:  # static tools see the eager imports
     from wide.modeling.fuse import fuse_glue, unfuse_glue
     from wide.modeling.generate import Generator, generate
     from wide.modeling.inference import enable_kernels, set_coherent_decode, set_overlap_routing
+    from wide.modeling.layout import set_weight_layout
     from wide.policies import POLICIES, Policy, register_policy
     from wide.routers import ROUTERS, Router, RouterSpec, register_router
 

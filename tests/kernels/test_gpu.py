@@ -49,11 +49,14 @@ def test_gemm_mn_and_swiglu(M, dtype, density):
 
 @pytest.mark.parametrize("M", [1, 16, 128, 1000, 4096])
 @pytest.mark.parametrize("group", [128, 32])
-def test_gemm_k(M, group):
+@pytest.mark.parametrize("layout", ["row", "column"])
+def test_gemm_k(M, group, layout):
     dtype = torch.bfloat16
     K, N = 14336, 4096
     x = torch.randn(2, M, K, device=DEV, dtype=dtype)[1]  # a view with an offset
     w = torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5
+    if layout == "column":  # `wide.set_weight_layout`: the same values, strides (1, N), the column-major configs
+        w = w.t().contiguous().t()
     b = torch.randn(N, device=DEV, dtype=dtype)
     mask = _mask((M, K // group), 0.5, M)
     ref = get_backend("torch").gemm_k(x.float(), w.float(), mask, bias=b.float())
@@ -62,6 +65,27 @@ def test_gemm_k(M, group):
     check(out, ref, dtype, None, "gemm_k")
     again = wk.gemm_k(x, w, mask, bias=b)
     assert torch.equal(again, out), "gemm_k is not deterministic"
+
+
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("density", [0.5, 0.0, 1.0])
+def test_column_major_o_proj_and_route(M, density):
+    """o_proj's shape (8 groups of 512: a few wide groups shared by the splits) over a column-major weight, plain
+    and (one row) with the residual, the next norm and router in the epilogue (`gemm_k_route`)."""
+    dtype = torch.bfloat16
+    K = N = 4096
+    x = torch.randn(M, K, device=DEV, dtype=dtype)
+    w = (torch.randn(N, K, device=DEV, dtype=dtype) / K**0.5).t().contiguous().t()
+    res = torch.randn(M, N, device=DEV, dtype=dtype)
+    mask = _mask((M, K // 512), density, M)
+    ref = wk.gemm_k(x.float(), w.float(), mask, residual=res.float(), backend="torch")
+    out = wk.gemm_k(x, w, mask, residual=res)
+    check(out, ref, dtype, None, "gemm_k column-major")
+    if M == 1:
+        nw = torch.ones(N, device=DEV, dtype=dtype)
+        down = torch.randn(16, N, device=DEV) * N ** -0.5
+        h, _, _ = wk.gemm_k_route(x, w, mask, res, nw, 1e-5, down, None, None, normalize=True)
+        assert torch.equal(h, out), "the route epilogue's row is gemm_k's with the residual"
 
 
 @pytest.mark.parametrize("M", [1100, 4097])

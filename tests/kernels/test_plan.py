@@ -189,7 +189,7 @@ def test_large_m_gemm_k_takes_the_sorted_tiles_for_structured_masks(monkeypatch,
     from wide.kernels.triton import gemm_k
     from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None, colmajor=False: GemmConfig(
         16, 16, 16, variant="premask"))
     monkeypatch.setattr(gemm_k, "K_SORTED_MIN_M", 64)
     monkeypatch.setattr(gemm_k, "capturing", lambda t: capturing)
@@ -257,7 +257,7 @@ def test_near_dense_decode_gemm_k_builds_no_group_list(monkeypatch, hint, listed
     from wide.kernels.triton import gemm_k
     from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None, colmajor=False: GemmConfig(
         1, 16, 16, variant="list"))
     built = []
     real = RoutingPlan.group_list
@@ -319,7 +319,7 @@ def test_decode_gemm_k_lists_only_when_rows_leave_groups_out(monkeypatch, rows, 
     from wide.kernels.triton import gemm_k
     from wide.kernels.triton.common import GemmConfig
 
-    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None: GemmConfig(
+    monkeypatch.setattr(gemm_k, "default_k_config", lambda M, N, K, group, options=None, colmajor=False: GemmConfig(
         16, 16, 16, variant="list"))
     built = []
     real = RoutingPlan.group_list

@@ -135,6 +135,8 @@ def test_gemm_k(seed):
     x_masked = rng.random() < 0.3  # x as gemm_mn/swiglu leave it: zero in masked groups
     if x_masked:
         x = x * expand_groups(mask, group).to(dtype)
+    if rng.random() < 0.35:  # stored column-major (`wide.set_weight_layout`): the same values, strides (1, N)
+        w = w.t().contiguous().t()
     ref = get_backend("torch").gemm_k(x.float(), w.float(), mask, bias=None if bias is None else bias.float())
     out = poisoned(ref.shape, dtype, x.device)
     get_backend("triton").gemm_k(x, w, mask, bias=bias, out=out, config=config, x_masked=x_masked)

@@ -206,10 +206,11 @@ def mn(M, N, K, ng, swiglu=False, act=None, bias=False, dense=False, cfg=None):
     gemm_mn.gemm_mn_perm(x, w, w2, b, out, perm[0], counts[0], group, act_id, swiglu, cfg)
 
 
-def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None, residual=False, route=False):
-    # gemm_k.gemm_k: the dense path for the "premask" variant, else the plan's group list for "list" (or none)
+def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None, residual=False, route=False, colmajor=False):
+    # gemm_k.gemm_k: the dense path for the "premask" variant, else the plan's group list for "list" (or none);
+    # colmajor: the weight stored column-major (wide.set_weight_layout) with its default config
     group = K // ng
-    cfg = cfg or for_element_size(gemm_k.default_k_config(M, N, K, group), DT.itemsize)
+    cfg = cfg or for_element_size(gemm_k.default_k_config(M, N, K, group, colmajor=colmajor), DT.itemsize)
     mask = t(M, ng, dtype=torch.bool)
     if cfg.variant == "premask":
         return gemm_k.gemm_k_dense(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), group,
@@ -222,8 +223,8 @@ def gk(M, N, K, ng, bias=False, x_masked=False, cfg=None, residual=False, route=
         f32 = torch.float32
         rt = (t(32, N, dtype=f32), t(16, 32, dtype=f32), t(16, dtype=f32), True, 1e-6, t(N), 1e-5, t(N),
               t(16, dtype=torch.bool))
-    gemm_k.gemm_k_direct(t(M, K), t(N, K), t(N) if bias else None, t(M, N), mask.view(torch.uint8), glist, nlist,
-                         group, cfg, x_masked=x_masked, residual=t(M, N) if residual or route else None, route=rt)
+    gemm_k.gemm_k_direct(t(M, K), t(K, N).t() if colmajor else t(N, K), t(N) if bias else None, t(M, N),
+                         mask.view(torch.uint8), glist, nlist, group, cfg, x_masked=x_masked, residual=t(M, N) if residual or route else None, route=rt)
 
 
 def prefill(B, T, HQ, HK, D, gsize, causal=True, lengths=False, pack=False):
@@ -310,6 +311,13 @@ case("gemm_k", "gemm_k o_proj M=16 residual", gk, 16, H, H, HQ // 4, residual=Tr
 case("gemm_k", "gemm_k down_proj M=1 residual + route", gk, 1, H, I, I // 128, x_masked=True, route=True)
 case("gemm_k", "gemm_k o_proj M=1 residual + route, no split", gk, 1, H, H, HQ // 4, route=True,
      cfg=GemmConfig(1, 32, 128, 8, 4, split_k=1))
+for M in (1, 16):  # column-major weights (gemm_k.COLMAJOR_DECODE), listed and affine; one row with the route epilogue
+    case("gemm_k", f"gemm_k column-major down_proj M={M}", gk, M, H, I, I // 128, x_masked=True, colmajor=True)
+    case("gemm_k", f"gemm_k column-major o_proj M={M}", gk, M, H, H, HQ // 4, residual=True, colmajor=True)
+    case("gemm_k", f"gemm_k column-major affine down_proj M={M}", gk, M, H, I, I // 128, colmajor=True,
+         cfg=gemm_k.affine_k_config(M, H, I, 128, colmajor=True))
+case("gemm_k", "gemm_k column-major down_proj M=1 residual + route", gk, 1, H, I, I // 128, x_masked=True, route=True,
+     colmajor=True)
 for M in (1, 16):  # near-dense decode: no group list (gemm_k.affine_k_config)
     case("gemm_k", f"gemm_k affine down_proj M={M}", gk, M, H, I, I // 128, x_masked=True,
          cfg=gemm_k.affine_k_config(M, H, I, 128))

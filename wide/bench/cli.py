@@ -80,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
                         "same CUDA graph (inductor mode 'default' or 'max-autotune-no-cudagraphs', or a dynamo "
                         "backend's name); the fastest dense variant stays the baseline. Minutes of compile a batch")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--weight-layout", choices=["row", "column"], default="row",
+                   help="storage of the routed model's o_proj / down_proj weights (wide.set_weight_layout): row-major "
+                        "as loaded, or column-major (each skipped column group one contiguous block); the dense "
+                        "baseline keeps the faster of its loaded step and the routed model's own with routing off")
     p.add_argument("--no-overlap-routing", action="store_true",
                    help="decide a decode step's attention mask on the main stream, not beside the K/V projections")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",

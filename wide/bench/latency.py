@@ -85,6 +85,7 @@ def run_latency(args, bandwidth: Optional[dict] = None, ids: Optional[torch.Tens
     model.eval()
     enable_kernels(model, args.backend)
     wide.set_overlap_routing(model, not args.no_overlap_routing)
+    wide.set_weight_layout(model, getattr(args, "weight_layout", "row"))
     if args.fuse_glue:
         fuse_glue(model, args.fuse_glue)  # the routed MLPs run the fused swiglu kernel; norms and RoPE stay fused
     if args.compile:

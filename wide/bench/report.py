@@ -80,6 +80,9 @@ def latency_notes(args, rows: list[dict], switches: dict, bandwidth: Optional[di
                      "graph breaks")
     if args.fuse_glue:
         lines.append(f"both sides' RMS norms, RoPE and dense MLP act*up compiled (wide.fuse_glue, {args.fuse_glue})")
+    if getattr(args, "weight_layout", "row") != "row":
+        lines.append(f"routed model's o_proj / down_proj weights stored {args.weight_layout}-major "
+                     "(wide.set_weight_layout)")
     if args.no_overlap_routing:
         lines.append("routed decode: the attention router on the main stream (--no-overlap-routing)")
     if switches:

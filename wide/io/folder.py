@@ -27,7 +27,8 @@ def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     merge_adapters(model)
-    state = {k: v for k, v in model.state_dict().items() if ".wide." not in f".{k}"}
+    # (row-major copies of column-major weights, `wide.modeling.layout`: safetensors writes contiguous tensors)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if ".wide." not in f".{k}"}
     model.save_pretrained(path, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)

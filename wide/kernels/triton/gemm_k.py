@@ -12,6 +12,8 @@ Paths (`gemm_k` picks one per call from M, K, the group size and the plan):
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
@@ -33,12 +35,21 @@ K_SORTED_MAX_SHARE = 0.55
 K_SORTED_MIN_M = 8192
 
 
-def default_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None) -> GemmConfig:
+def column_major(weight: torch.Tensor) -> bool:
+    """Whether ``weight [N, K]`` is stored column-major (``stride == (1, N)``, `wide.modeling.layout`): each input
+    channel's column is contiguous, so a column group (the unit gemm_k skips) is one contiguous block."""
+    return weight.dim() == 2 and weight.stride(0) == 1 and weight.stride(1) != 1
+
+
+def default_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None,
+                     colmajor: bool = False) -> GemmConfig:
     """The gemm_k config (H200-tuned); ``options`` (default: the current `kernel_options`) may switch the
-    transposed decode tiles off."""
+    transposed decode tiles off; ``colmajor``: the weight is stored column-major (`column_major`)."""
     options = options or kernel_options()
     if interpreting():
         return GemmConfig(1 if M == 1 else 16, 16, pow2_divisor(K, 32))
+    if colmajor and M <= 32:
+        return _colmajor_decode_config(M, K, group, listed=True)
     bk = pow2_divisor(K, 128)  # the affine loop takes chunks spanning several narrow groups
     if M == 1:
         if group >= 128:
@@ -79,11 +90,40 @@ def default_k_config(M: int, N: int, K: int, group: int, options: KernelOptions 
 K_LIST_MAX_HINT = 0.9
 
 
-def affine_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None) -> GemmConfig:
+# Decode gemm_k over column-major weights (`column_major`), by (rows: 1 or more, wide groups of >= 512 channels such
+# as o_proj's head groups): the tile's weight rows are input channels, contiguous along N, so the tiles are wide in N
+# and short in K, and the splits share the active groups' chunks. First guesses, not yet swept on a GPU
+# (`benchmarks/gemv_sweep.py --colmajor [--m 16] --best-json F` sweeps them; `benchmarks/with_configs.py F` runs a
+# command with the sweep's best in this table).
+COLMAJOR_DECODE = {
+    (1, True): GemmConfig(1, 256, 32, num_warps=8, num_stages=4, split_k=8, variant="local"),
+    (1, False): GemmConfig(1, 256, 32, num_warps=8, num_stages=4, split_k=8, variant="local"),
+    (16, True): GemmConfig(16, 128, 32, num_warps=4, num_stages=4, split_k=4, variant="list"),
+    (16, False): GemmConfig(16, 128, 32, num_warps=4, num_stages=4, split_k=4, variant="list"),
+}
+
+
+def _colmajor_decode_config(M: int, K: int, group: int, listed: bool) -> GemmConfig:
+    """`COLMAJOR_DECODE`'s config for this call, its K chunk cut to the group (a chunk spanning narrow groups takes
+    the affine loop's per-column decisions); ``listed=False``: the affine loop (no group list)."""
+    cfg = COLMAJOR_DECODE[(1 if M == 1 else 16, group >= 512)]
+    bk = pow2_divisor(group, cfg.block_k)
+    if bk < (16 if M > 1 else 8):  # narrow or odd groups: chunks across groups (tl.dot takes K >= 16)
+        bk = pow2_divisor(K, cfg.block_k)
+    variant = cfg.variant if listed and group % bk == 0 else ""
+    if variant == "local" and M > 1:
+        variant = "list"
+    return dataclasses.replace(cfg, block_k=bk, variant=variant, swap=cfg.swap and group % bk == 0)
+
+
+def affine_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None,
+                    colmajor: bool = False) -> GemmConfig:
     """The decode gemm_k config with no group list (dense-ish masks): the sweep's best at full density."""
     options = options or kernel_options()
     if interpreting():
         return GemmConfig(1 if M == 1 else 16, 16, pow2_divisor(K, 32))
+    if colmajor:
+        return _colmajor_decode_config(M, K, group, listed=False)
     if M == 1:
         return GemmConfig(1, 32, pow2_divisor(K, 128), num_warps=8, num_stages=4, split_k=4)
     bk = pow2_divisor(group, 128)
@@ -130,8 +170,9 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
         if ex_host.use_gemm_k_experts(x, weight, mask, plan, options):
             # wide groups (o_proj over whole KV-head units) at prefill: `KernelOptions.gemm_k_experts`
             return ex_host.gemm_k_experts(x, weight, mask, bias, plan, out, residual)
-    cfg = config if config is not None else for_element_size(default_k_config(M, N, K, K // ng, options),
-                                                             x.element_size())
+    colmajor = column_major(weight)
+    cfg = config if config is not None else for_element_size(
+        default_k_config(M, N, K, K // ng, options, colmajor), x.element_size())
     if config is None and cfg.variant == "premask" and M >= K_SORTED_MIN_M and not capturing(x):
         # structured masks: the pattern-sorted tiles may need few enough groups to beat the dense path (one
         # host read per plan, prefill only; under capture the dense path stays). No tile needs fewer pairs
@@ -142,7 +183,7 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
                 plan.tile_share(sorted_cfg.block_m) <= K_SORTED_MAX_SHARE:
             cfg = sorted_cfg
     if config is None:
-        cfg = _listless(cfg, plan, M, N, K, ng, options, x.element_size())
+        cfg = _listless(cfg, plan, M, N, K, ng, options, x.element_size(), colmajor)
     mask2 = mask.reshape(-1, ng).view(torch.uint8)
     if cfg.variant == "sorted":
         rows, tile_list, tile_count = plan.tile_order(cfg.block_m)
@@ -163,7 +204,8 @@ def gemm_k(x, weight, mask, bias, plan: RoutingPlan | None, out, x_masked: bool,
     return out
 
 
-def _listless(cfg: GemmConfig, plan: RoutingPlan, M: int, N: int, K: int, ng: int, options, element_size: int):
+def _listless(cfg: GemmConfig, plan: RoutingPlan, M: int, N: int, K: int, ng: int, options, element_size: int,
+              colmajor: bool = False):
     """``cfg``, or the affine decode config where a group list would skip (nearly) nothing."""
     if cfg.variant in ("list", "local") and plan.density_hint is not None and not plan.built("groups"):
         # the share of groups some row of the call needs: the rate itself when the rows share one mask
@@ -171,7 +213,7 @@ def _listless(cfg: GemmConfig, plan: RoutingPlan, M: int, N: int, K: int, ng: in
         need = plan.density_hint if plan.rows_shared else 1.0 - (1.0 - plan.density_hint) ** M
         if need >= K_LIST_MAX_HINT:
             # (nearly) every group: a list would skip nothing (and the plan's costs a launch)
-            return for_element_size(affine_k_config(M, N, K, K // ng, options), element_size)
+            return for_element_size(affine_k_config(M, N, K, K // ng, options, colmajor), element_size)
     return cfg
 
 
@@ -196,8 +238,9 @@ def gemm_k_route(x, weight, mask, residual, norm_weight, norm_eps: float, down, 
     plan = plan_for(mask, plan)
     cfg = config
     if cfg is None:
-        cfg = _listless(for_element_size(default_k_config(1, N, K, K // ng), x.element_size()), plan, 1, N, K, ng,
-                        None, x.element_size())
+        colmajor = column_major(weight)
+        cfg = _listless(for_element_size(default_k_config(1, N, K, K // ng, None, colmajor), x.element_size()), plan,
+                        1, N, K, ng, None, x.element_size(), colmajor)
     glist = nlist = None
     if cfg.variant == "list":
         glist, nlist = plan.group_list()

@@ -145,9 +145,12 @@ def _gemm_k_kernel(
         else:  # the plan's list (one launch per plan, shared by the paired ops)
             n_list = tl.load(nlist_ptr)
             my_list = glist_ptr
-        per = tl.cdiv(n_list, SPLIT)
-        lo = pid_s * per * CPG
-        hi = tl.minimum(pid_s * per + per, n_list) * CPG
+        # the splits share the listed groups' chunks (a few wide groups, o_proj's 512 channels, still feed every
+        # split)
+        n_chunks = n_list * CPG
+        per = tl.cdiv(n_chunks, SPLIT)
+        lo = pid_s * per
+        hi = tl.minimum(lo + per, n_chunks)
     else:
         # affine loop over all K chunks; loads of a group no token in the tile uses are masked off,
         # which moves no bytes and keeps the loop software-pipelined

@@ -1,0 +1,74 @@
+"""Weight layouts of the reduction-width routed linears (``o_proj``, ``down_proj``) for routed inference.
+
+A reduction-width routed GEMM (`wide.kernels.gemm_k`) skips column groups of its weight ``[N, K]``: the input
+channels of a skipped head group or FFN channel group. Stored row-major (PyTorch's layout), a decode step's GEMV
+then reads every output row in short runs, one per active group (256 bytes for an FFN group of 128 bf16 channels),
+and half of every run's DRAM page goes unread. Stored column-major (``weight.t().contiguous().t()``: same logical
+tensor, strides ``(1, N)``), each active group is one contiguous block of ``group x N`` elements, as a dense GEMV's
+weight is.
+
+`set_weight_layout(model, "column")` re-lays those weights in place, one at a time (a weight's copy at a time of
+extra memory), keeping the same ``nn.Parameter`` objects: state-dict keys, LoRA merges and the dense path
+(``F.linear``, cuBLAS takes either layout) are unchanged. A state dict of a column-major model holds non-contiguous
+tensors: `wide.export` writes row-major copies (``safetensors`` needs contiguous tensors). The triton backend picks
+its gemm_k configs by layout (`wide.kernels.triton.gemm_k.column_major`).
+
+No library re-lays a routed model's weights for us: transformers' and torch's layouts are row-major throughout.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+LAYOUTS = ("row", "column")
+
+
+def _reduction_weights(model: nn.Module) -> Iterator[nn.Parameter]:
+    """The weights a routed layer passes to gemm_k: ``o_proj`` of routed attention, ``down_proj`` of a routed
+    FFN (each once)."""
+    from wide.modeling.architectures import get_path
+
+    arch = model.wide_arch
+    seen: set[int] = set()
+    for layer in get_path(model, arch.layers):
+        wl = getattr(layer, "wide", None)
+        if wl is None:
+            continue
+        found = []
+        if "attn" in wl.gating:
+            found.append(getattr(get_path(layer, arch.attn), arch.o_proj).weight)
+        if "ffn" in wl.gating:
+            found.append(getattr(get_path(layer, arch.mlp), arch.down_proj).weight)
+        for w in found:
+            if id(w) not in seen:
+                seen.add(id(w))
+                yield w
+
+
+def weight_layout(weight: torch.Tensor) -> str:
+    """``"column"`` for a column-major ``[N, K]`` weight (strides ``(1, N)``), else ``"row"``."""
+    return "column" if weight.dim() == 2 and weight.stride(0) == 1 and weight.stride(1) != 1 else "row"
+
+
+def set_weight_layout(model: nn.Module, layout: str) -> int:
+    """Stores the weights of every routed layer's reduction-width linears (``o_proj``, ``down_proj``) in
+    ``layout`` (``"row"`` or ``"column"``, see the module docstring), in place; returns how many were re-laid.
+
+    Raises:
+        ValueError: ``layout`` is neither, or ``model`` is not routed (`wide.apply_wide` first).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if getattr(model, "wide_arch", None) is None:
+        raise ValueError("set_weight_layout: the model is not routed (call wide.apply_wide first)")
+    changed = 0
+    with torch.no_grad():
+        for w in _reduction_weights(model):
+            if weight_layout(w) == layout or w.shape[0] == 1 or w.shape[1] == 1:
+                continue
+            w.data = w.data.t().contiguous().t() if layout == "column" else w.data.contiguous()
+            changed += 1
+    return changed
