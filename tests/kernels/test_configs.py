@@ -83,6 +83,25 @@ def test_decode_sized_gemms_take_the_transposed_tile_unless_switched_off(monkeyp
                                     tk.affine_k_config(16, 4096, 14336, 128, off)))
 
 
+def test_column_major_weights_take_their_decode_configs(monkeypatch):
+    """Decode gemm_k over a column-major weight (`wide.set_weight_layout`) takes `COLMAJOR_DECODE`'s tiles, their K
+    chunk cut to the group (narrow groups: the affine loop's chunks across groups); prefill sizes keep theirs."""
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert tk.column_major(torch.empty(64, 32).t()) and not tk.column_major(torch.empty(32, 64))
+    for M, rows in ((1, 1), (16, 16), (5, 16)):
+        for K, group in ((4096, 512), (14336, 128)):
+            cfg = tk.default_k_config(M, 4096, K, group, colmajor=True)
+            table = tk.COLMAJOR_DECODE[(rows, group >= 512)]
+            assert (cfg.block_m, cfg.block_n, cfg.split_k) == (table.block_m, table.block_n, table.split_k)
+            assert cfg.variant == ("local" if M == 1 else "list") and group % cfg.block_k == 0
+            assert tk.affine_k_config(M, 4096, K, group, colmajor=True).variant == ""
+    narrow = tk.default_k_config(1, 4096, 4096, 4, colmajor=True)  # chunks span the 4-wide groups
+    assert narrow.variant == "" and narrow.block_k == tk.COLMAJOR_DECODE[(1, False)].block_k
+    assert tk.default_k_config(64, 4096, 4096, 512, colmajor=True) == tk.default_k_config(64, 4096, 4096, 512)
+
+
 def test_prefill_sized_gemm_mn_takes_the_persistent_kernel_unless_switched_off(monkeypatch):
     """From M = 1024 with groups of >= 128 (H200 sweep 2026-12-01): gate/up 128 x 128 tiles, q's 512-wide groups
     256-wide ones; narrow groups, smaller M and ``KernelOptions(persistent_mn=False)`` keep one program per tile."""
