@@ -135,7 +135,7 @@
 #                 GPU tests of gemm_k, gemm_k_route, the layout and the router kernel (router_prefetch), the decode
 #                 gemm_k sweep over column-major weights at M = 1 and 16 (gemv_sweep.py --colmajor, the row-major
 #                 default beside it; best configs -> /tmp/res/colmajor_best.json), then the 8B shape's wide bench
-#                 (fused glue, graphs, 0% / 50% / 75%, batch 1 / 16, coherent) with row-major weights and with column-major
+#                 (fused glue, graphs, 4k prefill, 0% / 50% / 75%, batch 1 / 16, coherent) with row-major weights and with column-major
 #                 ones under the sweep's best (benchmarks/with_configs.py), the 8B batch-1 profile with column-major
 #                 weights, and (COL_PREFETCH=1, default) router_prefetch's low-rank profiles off / on; ~14 min on an H200
 #   status        log tails; results packed into $OUT/results.tgz
@@ -925,9 +925,9 @@ _col23)
   timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
   timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --m 16 --best-json $best > /tmp/res/gemv_colmajor_m16.txt 2>&1
   tail -2 /tmp/res/gemv_colmajor_m16.txt
-  for lay in row column; do timeout 420 $WC wide.cli bench --fuse-glue --coherent --prefill --sparsity 0 0.5 0.75 \
+  for lay in row column; do timeout 420 $WC wide.cli bench --fuse-glue --coherent --prefill 4096 --sparsity 0 0.5 0.75 \
     --decode-batch 1 16 --weight-layout $lay --json /tmp/res/bench8b_$lay.json > /tmp/res/bench8b_$lay.md 2>&1
-    grep "decode" /tmp/res/bench8b_$lay.md | head -8; done
+    grep "decode\|prefill" /tmp/res/bench8b_$lay.md | head -16; done
   timeout 150 $WC benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 30 --weight-layout column \
     > /tmp/res/profile_8b_b1_column.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1_column.txt
   if [ "${COL_PREFETCH:-1}" = 1 ]; then for s in llama-8b qwen2.5-1.5b; do for v in 0 1; do
