@@ -114,6 +114,7 @@ def main(argv=None) -> None:
     ap.add_argument("--best-json", default=None,
                     help="with --colmajor: write each gemm_k shape's fastest config at 50%% (coherent at --m 16) as "
                          "gemm_k.COLMAJOR_DECODE entries (merged into the file), for benchmarks/with_configs.py")
+    ap.add_argument("--half-only", action="store_true", help="only the 50%% masks (a short session)")
     ap.add_argument("--swap-only", action="store_true",
                     help="with --m 16: only the default and the transposed-tile (swap) configs")
     args = ap.parse_args(argv)
@@ -153,6 +154,8 @@ def main(argv=None) -> None:
             print(f"   {name}{extra}", flush=True)
         ng = (K if op == "gemm_k" else N) // group
         for label, density, mask in masks(m, ng):
+            if args.half_only and density != 0.5:
+                continue
             plan = make_plan(mask).materialize(flat=True)
             res = []
             if args.colmajor:  # the row-major weights' default config, in the same run
