@@ -100,6 +100,22 @@ def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path,
     assert "of routed weights]" in io.out
 
 
+def test_generate_with_column_major_weights_gives_the_row_major_completions(exported, tmp_path, capsys):
+    from wide.modeling.layout import weight_layout
+
+    recs = {}
+    for lay in ("row", "column"):
+        js = tmp_path / f"{lay}.json"
+        assert main(["generate", str(exported), "--prompt", "the cat sat on", "--max-new-tokens", "6", "--device", "cpu",
+                     "--weight-layout", lay, "--json", str(js)]) == 0
+        recs[lay] = [r["completion"] for r in json.loads(js.read_text())["records"]]
+    assert recs["column"] == recs["row"]
+    model = wide.load(exported, weight_layout="column")
+    assert weight_layout(model.model.layers[0].mlp.down_proj.weight) == "column"
+    with pytest.raises(ValueError, match="weight_layout: one of row, column, got 'col'"):
+        wide.load(exported, weight_layout="col")
+
+
 @pytest.mark.parametrize("args, field", [
     (["--max-new-tokens", "0", "--prompt", "x"], "max-new-tokens"),
     ([], "prompt"),

@@ -112,6 +112,9 @@ def generate_parser() -> argparse.ArgumentParser:
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--backend", default=None, help="kernel backend: auto, torch, gather, triton (default: the folder's)")
     p.add_argument("--no-graphs", action="store_true", help="run every forward eagerly (no CUDA graphs)")
+    p.add_argument("--weight-layout", choices=["row", "column"], default="row",
+                   help="store o_proj / down_proj column-major for the routed decode GEMVs (wide.set_weight_layout; "
+                        "not yet timed on a GPU)")
     p.add_argument("--compare", action="store_true",
                    help="also run every prompt through the dense backbone (this model with routing off: HF's own "
                         "layers, same dtype and graph setting) and print tokens/s of both sides, routed/dense, the "
@@ -172,7 +175,8 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
         if args.no_graphs is False and dev.type != "cuda":
             args.no_graphs = True
         ids = [_encode(tok, p, args.chat) for p in prompts]
-        model = wide.load(folder, dtype=resolve_dtype(args.dtype, dev), device=str(dev), backend=args.backend)
+        model = wide.load(folder, dtype=resolve_dtype(args.dtype, dev), device=str(dev), backend=args.backend,
+                          weight_layout=args.weight_layout)
         longest = max(len(i) for i in ids) + args.max_new_tokens
         cache = -(-longest // 128) * 128
         from wide.modeling.generate import DEFAULT_CHUNKS

@@ -38,7 +38,8 @@ def export(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 
 def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
-         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool | str = False) -> nn.Module:
+         kernels: bool = True, backend: Optional[str] = None, fuse_glue: bool | str = False,
+         weight_layout: str = "row") -> nn.Module:
     """Restores a folder written by ``export`` onto its HF architecture: routed, eval mode, ready to generate.
 
     Args:
@@ -50,9 +51,15 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
         fuse_glue: Compile the RMS norms and RoPE (`wide.modeling.fuse.fuse_glue`): fewer, fused launches
             per decode step; the first forward at each new shape compiles. ``True`` uses inductor; a string
             names another ``torch.compile`` backend.
+        weight_layout: ``"row"`` (as saved) or ``"column"``: ``o_proj`` / ``down_proj`` stored column-major for the
+            routed decode GEMVs (`wide.set_weight_layout`; not yet timed on a GPU).
     """
     from wide.io.loading import pretrained_lm
 
+    from wide.modeling.layout import LAYOUTS, set_weight_layout
+
+    if weight_layout not in LAYOUTS:  # before any weights load
+        raise ValueError(f"weight_layout: one of {', '.join(LAYOUTS)}, got {weight_layout!r}")
     path = Path(path)
     meta = read_metadata(path / ROUTERS_FILE)
     model = pretrained_lm(path, dtype=dtype or "auto")
@@ -63,6 +70,7 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
     model.eval()
     if kernels:
         enable_kernels(model, backend)
+    set_weight_layout(model, weight_layout)
     if fuse_glue:
         from wide.modeling.fuse import fuse_glue as fuse
 
