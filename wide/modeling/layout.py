@@ -57,6 +57,9 @@ def set_weight_layout(model: nn.Module, layout: str) -> int:
     """Stores the weights of every routed layer's reduction-width linears (``o_proj``, ``down_proj``) in
     ``layout`` (``"row"`` or ``"column"``, see the module docstring), in place; returns how many were re-laid.
 
+    Call it before capturing CUDA graphs (a `wide.Generator`'s, `wide bench`'s runners): the weights move to new
+    storage, and a graph captured before would still read the old one.
+
     Raises:
         ValueError: ``layout`` is neither, or ``model`` is not routed (`wide.apply_wide` first).
     """
