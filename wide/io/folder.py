@@ -55,11 +55,9 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
             routed decode GEMVs (`wide.set_weight_layout`; not yet timed on a GPU).
     """
     from wide.io.loading import pretrained_lm
+    from wide.modeling.layout import check_layout, set_weight_layout
 
-    from wide.modeling.layout import LAYOUTS, set_weight_layout
-
-    if weight_layout not in LAYOUTS:  # before any weights load
-        raise ValueError(f"weight_layout: one of {', '.join(LAYOUTS)}, got {weight_layout!r}")
+    check_layout(weight_layout, "weight_layout")  # before any weights load
     path = Path(path)
     meta = read_metadata(path / ROUTERS_FILE)
     model = pretrained_lm(path, dtype=dtype or "auto")

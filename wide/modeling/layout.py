@@ -3,9 +3,9 @@
 A reduction-width routed GEMM (`wide.kernels.gemm_k`) skips column groups of its weight ``[N, K]``: the input
 channels of a skipped head group or FFN channel group. Stored row-major (PyTorch's layout), a decode step's GEMV
 then reads every output row in short runs, one per active group (256 bytes for an FFN group of 128 bf16 channels),
-and half of every run's DRAM page goes unread. Stored column-major (``weight.t().contiguous().t()``: same logical
-tensor, strides ``(1, N)``), each active group is one contiguous block of ``group x N`` elements, as a dense GEMV's
-weight is.
+and (the hypothesis this layout tests, not yet measured) half of every DRAM page it opens goes unread. Stored
+column-major (``weight.t().contiguous().t()``: same logical tensor, strides ``(1, N)``), each active group is one
+contiguous block of ``group x N`` elements, as a dense GEMV's weight is.
 
 `set_weight_layout(model, "column")` re-lays those weights in place, one at a time (a weight's copy at a time of
 extra memory), keeping the same ``nn.Parameter`` objects: state-dict keys, LoRA merges and the dense path
@@ -49,8 +49,18 @@ def _reduction_weights(model: nn.Module) -> Iterator[nn.Parameter]:
 
 
 def weight_layout(weight: torch.Tensor) -> str:
-    """``"column"`` for a column-major ``[N, K]`` weight (strides ``(1, N)``), else ``"row"``."""
-    return "column" if weight.dim() == 2 and weight.stride(0) == 1 and weight.stride(1) != 1 else "row"
+    """``"column"`` for a column-major ``[N, K]`` weight (strides ``(1, N)``, what the triton gemm_k configs key on),
+    else ``"row"``."""
+    from wide.kernels.triton.common import column_major  # (no Triton import)
+
+    return "column" if column_major(weight) else "row"
+
+
+def check_layout(layout: str, field: str = "layout") -> str:
+    """``layout`` if it is one of `LAYOUTS`; else one error naming ``field``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"{field}: one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
 
 
 def set_weight_layout(model: nn.Module, layout: str) -> int:
@@ -63,8 +73,7 @@ def set_weight_layout(model: nn.Module, layout: str) -> int:
     Raises:
         ValueError: ``layout`` is neither, or ``model`` is not routed (`wide.apply_wide` first).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: one of {', '.join(LAYOUTS)}, got {layout!r}")
+    check_layout(layout)
     if getattr(model, "wide_arch", None) is None:
         raise ValueError("set_weight_layout: the model is not routed (call wide.apply_wide first)")
     changed = 0

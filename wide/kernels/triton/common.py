@@ -17,6 +17,12 @@ def rows_and_out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> tuple[tor
     return x.reshape(-1, x.shape[-1]), (out if out is not None else x.new_empty(*x.shape[:-1], n))
 
 
+def column_major(weight: torch.Tensor) -> bool:
+    """Whether ``weight [N, K]`` is stored column-major (``stride == (1, N)``, `wide.set_weight_layout`): each input
+    channel's column is contiguous, so a column group (the unit gemm_k skips) is one contiguous block."""
+    return weight.dim() == 2 and weight.stride(0) == 1 and weight.stride(1) != 1
+
+
 def interpreting() -> bool:
     """Whether Triton runs through its CPU interpreter (``TRITON_INTERPRET=1``: the test suite's mode)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -19,7 +19,8 @@ import triton
 
 from ..options import KernelOptions, kernel_options
 from ..plan import RoutingPlan, plan_for
-from .common import GemmConfig, arrival_counters, capturing, for_element_size, interpreting, pow2_divisor, rows_and_out
+from .common import (GemmConfig, arrival_counters, capturing, column_major, for_element_size, interpreting, pow2_divisor,
+                     rows_and_out)
 from .gemm_k_kernels import _gemm_k_kernel, _gemm_k_sorted_kernel, _mask_columns_kernel
 
 # gemm_k above this M goes dense: with independent masks every tile needs every group (see NOTES)
@@ -33,12 +34,6 @@ K_PREMASK_MIN_M = 512
 # every group).
 K_SORTED_MAX_SHARE = 0.55
 K_SORTED_MIN_M = 8192
-
-
-def column_major(weight: torch.Tensor) -> bool:
-    """Whether ``weight [N, K]`` is stored column-major (``stride == (1, N)``, `wide.modeling.layout`): each input
-    channel's column is contiguous, so a column group (the unit gemm_k skips) is one contiguous block."""
-    return weight.dim() == 2 and weight.stride(0) == 1 and weight.stride(1) != 1
 
 
 def default_k_config(M: int, N: int, K: int, group: int, options: KernelOptions | None = None,
