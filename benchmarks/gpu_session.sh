@@ -922,9 +922,11 @@ _col23)
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py tests/modeling/test_layout.py \
     -k "gemm_k or column_major or prefetch or router_margin or coherent_route" > /tmp/res/gpu_tests_col.txt 2>&1
   tail -3 /tmp/res/gpu_tests_col.txt
-  timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
-  # (a short session: COL_M16=0 skips the batch-16 sweep, COL_SPARSITY / COL_PREFILL trim the bench rows)
-  [ "${COL_M16:-1}" = 1 ] && timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --m 16 --best-json $best \
+  # (a short session: COL_HALF=1 sweeps the 50% masks only, COL_M16=0 skips the batch-16 sweep, COL_SPARSITY /
+  # COL_PREFILL trim the bench rows)
+  half=""; [ "${COL_HALF:-0}" = 1 ] && half=--half-only
+  timeout 300 python3 benchmarks/gemv_sweep.py --colmajor $half --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
+  [ "${COL_M16:-1}" = 1 ] && timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --m 16 $half --best-json $best \
     > /tmp/res/gemv_colmajor_m16.txt 2>&1; tail -2 /tmp/res/gemv_colmajor_m16.txt
   for lay in row column; do timeout 420 $WC wide.cli bench --fuse-glue --coherent --prefill ${COL_PREFILL-4096} \
     --sparsity ${COL_SPARSITY:-0 0.5 0.75} --decode-batch 1 16 --weight-layout $lay --json /tmp/res/bench8b_$lay.json > /tmp/res/bench8b_$lay.md 2>&1
