@@ -920,9 +920,9 @@ _col23)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   best=/tmp/res/colmajor_best.json; WC="python3 benchmarks/with_configs.py $best"
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py tests/modeling/test_layout.py \
-    -k "gemm_k or column_major or prefetch or router_margin or coherent_route" > /tmp/res/gpu_tests_col.txt 2>&1
+    -k "${COL_K:-gemm_k or column_major or prefetch or router_margin or coherent_route}" > /tmp/res/gpu_tests_col.txt 2>&1
   tail -3 /tmp/res/gpu_tests_col.txt
-  # (a short session: COL_HALF=1 sweeps the 50% masks only, COL_M16=0 skips the batch-16 sweep, COL_SPARSITY /
+  # (a short session: COL_K narrows the GPU tests, COL_HALF=1 sweeps the 50% masks only, COL_M16=0 skips the batch-16 sweep, COL_SPARSITY /
   # COL_PREFILL trim the bench rows)
   half=""; [ "${COL_HALF:-0}" = 1 ] && half=--half-only
   timeout 300 python3 benchmarks/gemv_sweep.py --colmajor $half --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
