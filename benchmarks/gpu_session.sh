@@ -138,6 +138,9 @@
 #                 (fused glue, graphs, 4k prefill, 0% / 50% / 75%, batch 1 / 16, coherent) with row-major weights and with column-major
 #                 ones under the sweep's best (benchmarks/with_configs.py), the 8B batch-1 profile with column-major
 #                 weights, and (COL_PREFETCH=1, default) router_prefetch's low-rank profiles off / on; ~14 min on an H200
+#   col23q        [synchronous, ~4 min] col23's decision in one call, for a session with little device time left:
+#                 the 50% batch-1 column-major sweep (best -> $OUT/colmajor_best.json), then the 8B decode row at 50%,
+#                 batch 1, row-major and column-major under that best; everything written to $OUT
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -938,6 +941,16 @@ _col23)
       --kernel-option router_prefetch=$v > /tmp/res/profile_${s}_prefetch$v.txt 2>&1
     grep -h "router_margin\|wall" /tmp/res/profile_${s}_prefetch$v.txt; done; done; fi
   echo COL23_DONE
+  ;;
+col23q)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+  best=$OUT/colmajor_best.json
+  timeout 110 python3 benchmarks/gemv_sweep.py --colmajor --half-only --best-json $best > $OUT/gemv_colmajor.txt 2>&1
+  tail -25 $OUT/gemv_colmajor.txt
+  for lay in row column; do timeout 100 python3 benchmarks/with_configs.py $best wide.cli bench --fuse-glue --prefill \
+    --sparsity 0.5 --decode-batch 1 --weight-layout $lay --json $OUT/bench8b_$lay.json > $OUT/bench8b_$lay.md 2>&1
+    grep -i "decode\|error" $OUT/bench8b_$lay.md | head -8; done
   ;;
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
