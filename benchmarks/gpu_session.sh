@@ -163,6 +163,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WIDE_CACHE=${WIDE_CACHE:-/tm
 W="python3 -m wide.cli"
 # a detached job runs from its own copy of the tree: a later call re-copies the working tree under it (a grid cell
 # lost its recipe file that way on 2026-12-02)
+install_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; }
 detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
@@ -270,11 +271,11 @@ PY
   for c in .device/chunk_*; do i=${c##*_}; mkdir -p .device/c$i; mv $c .device/c$i/; done
   rm -rf .device/wheels; ls -d .device/c* | wc -l ;;
 setup)  # wheels only (a bench-only session: `setup`, then `bench`, then `status` polls)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && echo installed ;;
+  install_wheels && echo installed ;;
 recv)
   mkdir -p /tmp/up
   if [ ! -d /tmp/site ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    install_wheels || exit 1
     cp .device/manifest.txt /tmp/up/
   fi
   cp .device/c$2/chunk_$2 /tmp/up/ && ls /tmp/up | wc -l
@@ -925,8 +926,8 @@ _col23)
   timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_gpu.py tests/modeling/test_layout.py \
     -k "${COL_K:-gemm_k or column_major or prefetch or router_margin or coherent_route}" > /tmp/res/gpu_tests_col.txt 2>&1
   tail -3 /tmp/res/gpu_tests_col.txt
-  # (a short session: COL_K narrows the GPU tests, COL_HALF=1 sweeps the 50% masks only, COL_M16=0 skips the batch-16 sweep, COL_SPARSITY /
-  # COL_PREFILL trim the bench rows)
+  # (a short session: COL_K narrows the GPU tests, COL_HALF=1 sweeps the 50% masks only, COL_M16=0 skips the
+  # batch-16 sweep, COL_SPARSITY / COL_PREFILL trim the bench rows)
   half=""; [ "${COL_HALF:-0}" = 1 ] && half=--half-only
   timeout 300 python3 benchmarks/gemv_sweep.py --colmajor $half --best-json $best > /tmp/res/gemv_colmajor.txt 2>&1
   [ "${COL_M16:-1}" = 1 ] && timeout 300 python3 benchmarks/gemv_sweep.py --colmajor --m 16 $half --best-json $best \
@@ -943,7 +944,7 @@ _col23)
   echo COL23_DONE
   ;;
 col23q)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  install_wheels || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
   best=$OUT/colmajor_best.json
   timeout 110 python3 benchmarks/gemv_sweep.py --colmajor --half-only --best-json $best > $OUT/gemv_colmajor.txt 2>&1
