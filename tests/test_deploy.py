@@ -116,6 +116,31 @@ def test_generate_with_column_major_weights_gives_the_row_major_completions(expo
         wide.load(exported, weight_layout="col")
 
 
+def test_generate_with_dense_prompts_routes_only_the_new_tokens(exported, tmp_path, capsys):
+    capsys.readouterr()
+    js = tmp_path / "dense.json"
+    rc = main(["generate", str(exported), "--prompt", "the cat sat on", "--max-new-tokens", "6", "--device", "cpu",
+               "--prefill", "dense", "--json", str(js)])
+    io = capsys.readouterr()
+    assert rc == 0, io.err
+    got = json.loads(js.read_text())
+    assert got["prefill"] == "dense" and "prompts dense" in io.err
+    model = wide.load(exported)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(exported)
+    ids = torch.tensor([tok("the cat sat on")["input_ids"]])
+    want = wide.generate(model, ids, max_new_tokens=6, eos_token_id=tok.eos_token_id, prefill="dense")
+    want = want[0, ids.shape[1]:].tolist()
+    if tok.eos_token_id in want:
+        want = want[: want.index(tok.eos_token_id) + 1]
+    rec = got["records"][0]
+    assert rec["tokens"] == want and rec["new_tokens"] == len(want)
+    from wide.modeling.compare import skipped_share
+
+    whole = torch.cat([ids, torch.tensor([want])], dim=1)
+    assert rec["skipped"] == pytest.approx(skipped_share(model, whole, ids.shape[1]))
+    assert set(rec["skipped"]) == {"attn", "ffn", "total", "by_weight"}
+
+
 @pytest.mark.parametrize("args, field", [
     (["--max-new-tokens", "0", "--prompt", "x"], "max-new-tokens"),
     ([], "prompt"),

@@ -115,6 +115,10 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-layout", choices=["row", "column"], default="row",
                    help="store o_proj / down_proj column-major for the routed decode GEMVs (wide.set_weight_layout; "
                         "not yet timed on a GPU)")
+    p.add_argument("--prefill", choices=["routed", "dense"], default="routed",
+                   help="routed (default): the prompt through the routers too; dense: the prompt with routing off (the "
+                        "dense model's cache and first token, no prefill speed-up), only the decode steps routed; the "
+                        "skipped shares printed are then the new tokens'")
     p.add_argument("--compare", action="store_true",
                    help="also run every prompt through the dense backbone (this model with routing off: HF's own "
                         "layers, same dtype and graph setting) and print tokens/s of both sides, routed/dense, the "
@@ -183,7 +187,8 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
 
         # chunks pay off only replayed from graphs; eagerly one forward is faster
         gen = wide.Generator(model, batch_size=1, max_cache_len=cache,
-                             chunk=None if args.no_graphs else DEFAULT_CHUNKS, graphs=not args.no_graphs)
+                             chunk=None if args.no_graphs else DEFAULT_CHUNKS, graphs=not args.no_graphs,
+                             prefill=args.prefill)
         extra = {}
         if args.compare:
             result = gen.compare([torch.tensor([i], device=dev) for i in ids], max_new_tokens=args.max_new_tokens)
@@ -203,11 +208,13 @@ def generate_main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = str(model.dtype).removeprefix("torch.")
     note = "" if args.no_graphs or args.compare else \
         " (the first prompt's time includes compiling kernels and capturing graphs)"
-    print(f"wide generate: {len(records)} prompt(s) on {dev} ({dtype}, target sparsity {model.wide_config.sparsity})"
-          f"{note}", file=sys.stderr)
+    dense = ", prompts dense" if args.prefill == "dense" else ""
+    print(f"wide generate: {len(records)} prompt(s) on {dev} ({dtype}, target sparsity {model.wide_config.sparsity}"
+          f"{dense}){note}", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(folder), "device": str(dev), "dtype": dtype,
-                                               "graphs": gen.graphs, "records": records, **extra,
+                                               "graphs": gen.graphs, "prefill": args.prefill, "records": records,
+                                               **extra,
                                                "command": ["wide", "generate", *argv]}, indent=2))
     return 0
 
@@ -216,7 +223,7 @@ def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, An
     """One prompt ``x [1, T]`` through ``gen``, timed, up to its first EOS; its record."""
     import torch
 
-    from wide.modeling.compare import skipped_share
+    from wide.modeling.compare import _dense_prompt, skipped_share
     from wide.modeling.generate import cut_at_stop, stop_token_ids
 
     stops = stop_token_ids(tok, gen.model)
@@ -232,7 +239,7 @@ def _generate_one(gen, tok, prompt: str, x, max_new_tokens: int) -> dict[str, An
     return {"prompt": prompt, "prompt_tokens": x.shape[1], "new_tokens": len(new), "tokens": new,
             "completion": tok.decode(new, skip_special_tokens=True), "wall_s": wall,
             "tokens_per_s": len(new) / wall if wall > 0 else None,
-            "skipped": skipped_share(gen.model, y[:, : x.shape[1] + len(new)])}
+            "skipped": skipped_share(gen.model, y[:, : x.shape[1] + len(new)], _dense_prompt(gen, x))}
 
 
 def _encode(tok, prompt: str, chat: bool) -> list[int]:

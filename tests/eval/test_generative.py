@@ -133,3 +133,24 @@ def test_eval_reports_generative_metrics_next_to_sparsity(olmo_cache, tiny_model
 def test_bad_generative_flags_fail_before_loading(tiny_model_dir, capsys, args, message):
     rc = main(["eval", tiny_model_dir, "--device", "cpu", *args])
     assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_eval_with_dense_prompts_routes_and_counts_the_answers_only(olmo_cache, tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "ev"
+    rc = main(["eval", "--model", tiny_model_dir, "--router", "topk", "--sparsity", "0.5", "--attn-group-size", "2",
+               "--ffn-group-size", "32", "--tasks", "none", "--ppl-source", "none", "--generative", "arithmetic",
+               "--gen-limit", "3", "--gen-prefill", "dense", "--device", "cpu", "--output", str(out)])
+    io = capsys.readouterr()
+    assert rc == 0, io.err
+    result = json.loads((out / "results.json").read_text())
+    arith = result["generative"]["arithmetic"]
+    assert result["settings"]["gen_prefill"] == "dense" and arith["prefill"] == "dense" and arith["n"] == 3
+    # only the answers' decode steps were counted: a few tokens, not the 5-shot prompts' hundreds
+    assert arith["sparsity"]["tokens"] <= 3 * (arith["max_new_tokens"] - 1)
+    assert "Prompts ran dense (`--gen-prefill dense`" in io.out
+
+
+def test_bad_gen_prefill_is_named(tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", tiny_model_dir, "--device", "cpu", "--generative", "arithmetic", "--gen-prefill", "sparse"])
+    assert exc.value.code == 2 and "--gen-prefill: invalid choice: 'sparse'" in capsys.readouterr().err

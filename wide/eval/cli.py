@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "vs the dense model's on held-out chat prompts), 'all' or 'none' (default); --limit bounds them")
     e.add_argument("--gen-limit", type=int, default=None,
                    help="first N items per generative metric (default: --limit): generation is the slow part")
+    e.add_argument("--gen-prefill", default="routed", choices=["routed", "dense"],
+                   help="how the generative metrics run a routed model's prompts: routed (default), or dense (routing "
+                        "off for the prompt, only the answer's decode steps routed; the rate reported is theirs)")
     e.add_argument("--gen-max-new-tokens", type=int, default=64, help="tokens per agreement answer at most (default 64)")
     e.add_argument("--agree-tokens", type=int, default=32,
                    help="first N dense answer tokens the token agreement compares (default 32)")
@@ -186,7 +189,7 @@ def eval_main(argv: Optional[Sequence[str]] = None) -> int:
             ppl_max_tokens=args.ppl_max_tokens, ppl_docs=ppl_docs, task_data=task_data,
             generative=parse_generative(args.generative),
             gen_max_new_tokens=args.gen_max_new_tokens, agree_tokens=args.agree_tokens, gen_prompts=args.gen_prompts,
-            gen_limit=args.gen_limit)
+            gen_limit=args.gen_limit, gen_prefill=args.gen_prefill)
         if args.gen_prompts is not None and "agreement" in settings.generative:
             from wide.data.prompts import prompt_file
 

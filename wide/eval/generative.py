@@ -66,9 +66,14 @@ def _arithmetic_items(data_dir: Optional[str]) -> list[tuple[str, str]]:
 
 
 def _sparsity_pass(model, meter: SparsityMeter, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
-                   batch_size: int, pad: int) -> list[torch.Tensor]:
-    """One forward per batch over prompt + answer (right-padded): feeds ``meter`` and returns, per row, the greedy
-    prediction ``[len(answer)]`` at each answer position (teacher-forced)."""
+                   batch_size: int, pad: int, prefill: str = "routed") -> list[torch.Tensor]:
+    """Feeds ``meter`` and returns, per row, the greedy prediction ``[len(answer)]`` at each answer position
+    (teacher-forced). ``prefill="routed"``: one forward per batch over prompt + answer (right-padded), every token
+    counted. ``"dense"``: per row, the prompt with routing off into a cache (its last logits predict the first answer
+    token), then the answer routed over it; only the answer's tokens are counted, as only the decode steps of such a
+    generation are routed."""
+    if prefill == "dense" and meter.routed:  # (a dense model's prompts are dense anyway)
+        return [_dense_prefill_row(model, meter, p, a) for p, a in zip(prompts, answers)]
     dev = next(model.parameters()).device
     preds = []
     for s in range(0, len(prompts), batch_size):
@@ -87,9 +92,30 @@ def _sparsity_pass(model, meter: SparsityMeter, prompts: Sequence[Sequence[int]]
     return preds
 
 
+def _dense_prefill_row(model, meter: SparsityMeter, prompt: Sequence[int], answer: Sequence[int]) -> torch.Tensor:
+    """One row of `_sparsity_pass`'s ``prefill="dense"``."""
+    from transformers import DynamicCache
+
+    from wide.modeling.generate import cache_kwarg
+    from wide.modeling.wrap import runtime_of
+
+    dev = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    kw = {cache_kwarg(model): cache, "use_cache": True}
+    with torch.inference_mode():
+        with runtime_of(model).routing_off():
+            first = model(input_ids=torch.tensor([list(prompt)], device=dev), **kw).logits[0, -1].argmax(-1, keepdim=True)
+        if len(answer) < 2:  # the routed steps would only read the last answer token, whose prediction is unused
+            return first.cpu()[:len(answer)]
+        rest = model(input_ids=torch.tensor([list(answer[:-1])], device=dev), **kw).logits[0].argmax(-1)
+    meter.update(len(answer) - 1)
+    return torch.cat([first, rest]).cpu()
+
+
 def arithmetic(model, tokenizer, *, limit: Optional[int] = None, batch_size: int = 8, max_new_tokens: int = 12,
-               data_dir: Optional[str] = None, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """5-shot exact match on basic arithmetic (see the module docstring)."""
+               data_dir: Optional[str] = None, prefill: str = "routed",
+               log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """5-shot exact match on basic arithmetic (see the module docstring); ``prefill``: see `wide.Generator`."""
     from wide.modeling.batched import generate_many
     from wide.modeling.generate import stop_token_ids
 
@@ -100,14 +126,15 @@ def arithmetic(model, tokenizer, *, limit: Optional[int] = None, batch_size: int
     head = "".join(f"{q} {a}\n\n" for q, a in shots)
     prompts = [tokenizer(head + q, add_special_tokens=True)["input_ids"] for q, _ in scored]
     answers = generate_many(model, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                            stop_ids=stop_token_ids(tokenizer, model))
+                            stop_ids=stop_token_ids(tokenizer, model), prefill=prefill)
     texts = [tokenizer.decode(a, skip_special_tokens=True).lstrip(" ").split("\n", 1)[0] for a in answers]
     got = [(m.group(0) if (m := _INT.search(t)) else None) for t in texts]
     hits = [g == a for g, (_, a) in zip(got, scored)]
     meter = SparsityMeter(model)
-    _sparsity_pass(model, meter, prompts, answers, batch_size, _pad(tokenizer))
+    _sparsity_pass(model, meter, prompts, answers, batch_size, _pad(tokenizer), prefill)
     em = sum(hits) / max(1, len(hits))
     return {"task": "basic_arithmetic", "n": len(hits), "shots": SHOTS, "max_new_tokens": max_new_tokens,
+            "prefill": prefill,
             "exact_match": em, "exact_match_stderr": math.sqrt(em * (1 - em) / max(1, len(hits) - 1)),
             "examples": [{"question": q, "answer": a, "generated": t} for (q, a), t in list(zip(scored, texts))[:3]],
             "sparsity": meter.result()}
@@ -127,13 +154,14 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 
 def agreement(model, tokenizer, *, reference: Callable[[list[list[int]], int], list[list[int]]],
               questions: Sequence[str], limit: Optional[int] = None, batch_size: int = 8, max_new_tokens: int = 64,
-              agree_tokens: int = 32, reference_kind: str = "routing off",
+              agree_tokens: int = 32, reference_kind: str = "routing off", prefill: str = "routed",
               log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Agreement of ``model``'s greedy answers with ``reference``'s (see the module docstring).
 
     Args:
         reference: ``(prompts, max_new_tokens) -> answers`` of the dense model (token ids, stop token cut).
         questions: The held-out prompts (plain questions).
+        prefill: How the routed model runs the prompts (`wide.Generator`): ``"dense"`` routes only the answers.
     """
     from wide.modeling.batched import generate_many
     from wide.modeling.generate import stop_token_ids
@@ -142,10 +170,10 @@ def agreement(model, tokenizer, *, reference: Callable[[list[list[int]], int], l
     prompts = [chat_ids(tokenizer, q) for q in questions]
     dense = reference(prompts, max_new_tokens)
     routed = generate_many(model, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           stop_ids=stop_token_ids(tokenizer, model))
+                           stop_ids=stop_token_ids(tokenizer, model), prefill=prefill)
     heads = [d[:agree_tokens] for d in dense]
     meter = SparsityMeter(model)
-    preds = _sparsity_pass(model, meter, prompts, heads, batch_size, _pad(tokenizer))
+    preds = _sparsity_pass(model, meter, prompts, heads, batch_size, _pad(tokenizer), prefill)
     agree = sum(int((p == torch.tensor(h, dtype=p.dtype)).sum()) for p, h in zip(preds, heads))
     counted = sum(len(h) for h in heads)
     prefix = [next((i for i, (a, b) in enumerate(zip(d, r)) if a != b), min(len(d), len(r)))
@@ -153,7 +181,7 @@ def agreement(model, tokenizer, *, reference: Callable[[list[list[int]], int], l
     same = [tokenizer.decode(d, skip_special_tokens=True).strip() == tokenizer.decode(r, skip_special_tokens=True).strip()
             for d, r in zip(dense, routed)]
     return {"n": len(prompts), "agree_tokens": agree_tokens, "max_new_tokens": max_new_tokens,
-            "reference": reference_kind, "token_agreement": agree / max(1, counted), "tokens_compared": counted,
+            "reference": reference_kind, "prefill": prefill, "token_agreement": agree / max(1, counted), "tokens_compared": counted,
             "exact_match": sum(same) / max(1, len(same)),
             "prefix_tokens": sum(min(p, agree_tokens) for p in prefix) / max(1, len(prefix)),
             "examples": [{"prompt": q, "dense": tokenizer.decode(d, skip_special_tokens=True),

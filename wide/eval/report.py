@@ -29,8 +29,12 @@ def _generative_rows(gen: dict[str, Any]) -> list[str]:
                     f"{g['n']} | {pct(g['token_agreement'])} | {cells(g)}")
         rows.append(f"| agreement with the dense model: identical answers | {g['n']} | {pct(g['exact_match'])} | "
                     f"{cells(g)}")
-    return rows + ["", "- Token agreement: the share of the dense model's first answer tokens the routed model predicts "
-                       "greedily on the dense answer's prefix; identical answers: free-running greedy answers.", ""]
+    notes = ["", "- Token agreement: the share of the dense model's first answer tokens the routed model predicts "
+                 "greedily on the dense answer's prefix; identical answers: free-running greedy answers."]
+    if any(r.get("prefill") == "dense" for r in gen.values()):
+        notes.append("- Prompts ran dense (`--gen-prefill dense`: routing off for the prompt, only the answer's decode "
+                     "steps routed); the realized sparsity is the answer tokens'.")
+    return rows + notes + [""]
 
 
 def markdown_report(result: dict[str, Any]) -> str:

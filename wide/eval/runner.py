@@ -42,6 +42,9 @@ class EvalSettings:
         agree_tokens: Reference answer tokens the token agreement compares.
         gen_prompts: Agreement prompts file (``None``: the held-out questions of `wide.data.prompts`).
         gen_limit: First N items per generative metric (``None``: ``limit``).
+        gen_prefill: How the generative metrics run the routed model's prompts (`wide.Generator`'s ``prefill``):
+            ``routed`` (every token routed) or ``dense`` (prompts with routing off, only the answers' decode steps
+            routed; the realized rate is then the answer tokens').
     """
 
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
@@ -59,6 +62,7 @@ class EvalSettings:
     agree_tokens: int = 32
     gen_prompts: Optional[str] = None
     gen_limit: Optional[int] = None
+    gen_prefill: str = "routed"
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -176,7 +180,8 @@ def run_generative(loaded: LoadedModel, settings: EvalSettings, log: Callable[[s
         t0 = time.perf_counter()
         if name == "arithmetic":
             res = G.arithmetic(model, tok, limit=limit, batch_size=settings.batch_size,
-                               data_dir=settings.task_data.get("basic_arithmetic"), log=log)
+                               data_dir=settings.task_data.get("basic_arithmetic"), prefill=settings.gen_prefill,
+                               log=log)
             score = f"exact match {100 * res['exact_match']:.2f}"
         else:
             from wide.data.prompts import prompt_file, question_prompts
@@ -185,7 +190,8 @@ def run_generative(loaded: LoadedModel, settings: EvalSettings, log: Callable[[s
             reference, kind = G.dense_reference(loaded, settings.batch_size, log)
             res = G.agreement(model, tok, reference=reference, reference_kind=kind, questions=questions,
                               limit=limit, batch_size=settings.batch_size,
-                              max_new_tokens=settings.gen_max_new_tokens, agree_tokens=settings.agree_tokens, log=log)
+                              max_new_tokens=settings.gen_max_new_tokens, agree_tokens=settings.agree_tokens,
+                              prefill=settings.gen_prefill, log=log)
             score = (f"token agreement {100 * res['token_agreement']:.2f}, exact match {100 * res['exact_match']:.2f} "
                      f"(reference: {kind})")
         res["seconds"] = time.perf_counter() - t0

@@ -62,7 +62,7 @@ RESOURCES = ("gpus", "cpus")
 # wide eval options a grid may set (the model, checkpoint, routing and output are the grid's job)
 EVAL_OPTIONS = ("tasks", "limit", "batch_size", "device", "dtype", "attn_implementation", "ppl_source",
                 "ppl_window", "ppl_stride", "ppl_max_tokens", "ppl_limit", "add_bos", "task_data", "quiet",
-                "generative", "gen_limit", "gen_max_new_tokens", "agree_tokens", "gen_prompts")
+                "generative", "gen_limit", "gen_max_new_tokens", "agree_tokens", "gen_prompts", "gen_prefill")
 
 
 @dataclass

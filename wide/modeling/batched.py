@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from wide.modeling.generate import Generator, cut_at_stop
+from wide.modeling.generate import PREFILL_MODES, Generator, cut_at_stop
 
 __all__ = ["generate_many"]
 
@@ -24,7 +24,7 @@ __all__ = ["generate_many"]
 def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int = 16,
                   stop_ids: Sequence[int] = (), temperature: float = 0.0, seed: int = 0,
                   graphs: Optional[bool] = None, progress: Optional[Callable[[int, int], None]] = None,
-                  length_spread: int = 32) -> list[list[int]]:
+                  length_spread: int = 32, prefill: str = "routed") -> list[list[int]]:
     """The new tokens of every prompt (before the first stop token, which is left out), in prompt order.
 
     Args:
@@ -42,11 +42,15 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
             of a row costs the batch one decode step); 0 batches equal lengths only. A routed model with batch-coherent
             decode (`wide.set_coherent_decode`) always takes 0: its decode steps route rows together, a prompt's
             prefill does not.
+        prefill: ``"routed"`` or ``"dense"`` (each prompt with routing off, only the decode steps routed; see
+            `wide.Generator`); ``"dense"`` batches equal lengths only, so that no prompt token runs as a decode step.
     """
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size: must be an int >= 1, got {batch_size!r}")
     if not (isinstance(length_spread, int) and length_spread >= 0):
         raise ValueError(f"length_spread: must be an int >= 0, got {length_spread!r}")
+    if prefill not in PREFILL_MODES:
+        raise ValueError(f"prefill: must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompts: every prompt needs at least one token")
     vocab = model.config.get_text_config().vocab_size
@@ -54,7 +58,7 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
     if bad is not None:
         raise ValueError(f"prompts: prompt {bad} has token ids outside [0, {vocab})")
     runtime = getattr(model, "wide_runtime", None)
-    if runtime is not None and getattr(runtime, "coherent", None):
+    if (runtime is not None and getattr(runtime, "coherent", None)) or prefill == "dense":
         length_spread = 0
     device = next(model.parameters()).device
     cache_len = max((len(p) for p in prompts), default=1) + max_new_tokens
@@ -76,7 +80,8 @@ def generate_many(model: nn.Module, prompts: Sequence[Sequence[int]], *, max_new
                      torch.tensor([len(r) for r in rest], dtype=torch.long, device=device))
         gen = gens.get(size)
         if gen is None:
-            gen = gens[size] = Generator(model, batch_size=size, max_cache_len=cache_len, graphs=graphs)
+            gen = gens[size] = Generator(model, batch_size=size, max_cache_len=cache_len, graphs=graphs,
+                                         prefill=prefill)
         rng = None
         if temperature > 0:
             rng = torch.Generator(device=device)

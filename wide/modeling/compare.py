@@ -135,18 +135,38 @@ class GenerationComparison:
                           "identical_prompts": sum(p.first_divergence is None for p in self.prompts)}}
 
 
-def skipped_share(model, ids: torch.Tensor) -> dict[str, float]:
+def skipped_share(model, ids: torch.Tensor, dense_prompt: int = 0) -> dict[str, float]:
     """Realized skip rates of one eager forward over ``ids [B, T]``: per kind, ``total`` (the kinds averaged) and
-    ``by_weight`` (each kind weighted by its routed weights)."""
+    ``by_weight`` (each kind weighted by its routed weights). ``dense_prompt``: the first that many tokens run with
+    routing off into a cache and are not counted (what a ``prefill="dense"`` generation routes: the rest only)."""
     import wide
 
     with torch.inference_mode():
-        model(input_ids=ids, use_cache=False)
+        if dense_prompt:
+            from transformers import DynamicCache
+
+            from wide.modeling.generate import cache_kwarg
+            from wide.modeling.wrap import runtime_of
+
+            kw = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
+            with runtime_of(model).routing_off():
+                model(input_ids=ids[:, :dense_prompt], **kw)
+            if ids.shape[1] > dense_prompt:
+                model(input_ids=ids[:, dense_prompt:], **kw)
+        else:
+            model(input_ids=ids, use_cache=False)
     stats = wide.sparsity_stats(model)
+    if stats is None or (dense_prompt and ids.shape[1] <= dense_prompt):  # nothing ran routed
+        return {"total": 0.0, "by_weight": 0.0}
     out = {kind: float(stats.realized(kind)) for kind in stats.kinds}
     out["total"] = float(stats.realized())
     out["by_weight"] = float(stats.realized_by_weight())
     return out
+
+
+def _dense_prompt(gen: "Generator", ids: torch.Tensor) -> int:
+    """The prompt tokens ``gen`` runs with routing off (its ``prefill="dense"``), 0 otherwise."""
+    return ids.shape[1] if getattr(gen, "prefill", "routed") == "dense" else 0
 
 
 def compare_generation(gen: "Generator", prompts: Sequence[torch.Tensor], max_new_tokens: int,
@@ -181,7 +201,8 @@ def compare_generation(gen: "Generator", prompts: Sequence[torch.Tensor], max_ne
             with ctx():
                 runs[name] = _timed(g, ids, max_new_tokens)
         routed_ids = torch.cat([ids, torch.tensor(runs["routed"].tokens, device=ids.device)], dim=1)
-        out.append(PromptComparison(ids.shape[1], runs["dense"], runs["routed"], skipped_share(gen.model, routed_ids)))
+        out.append(PromptComparison(ids.shape[1], runs["dense"], runs["routed"], skipped_share(gen.model, routed_ids,
+                                                                                    _dense_prompt(gen, ids))))
     return GenerationComparison(out, max_new_tokens, str(gen.device), str(gen.model.dtype).removeprefix("torch."),
                                 gen.graphs and dense.graphs)
 

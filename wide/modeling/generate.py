@@ -85,7 +85,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0,
 def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: StopIds = None,
              pad_token_id: Optional[int] = None, graphs: Optional[bool] = None,
              max_cache_len: Optional[int] = None, check_every: int = 16, temperature: float = 0.0,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+             generator: Optional[torch.Generator] = None, prefill: str = "routed") -> torch.Tensor:
     """Greedy continuation of ``input_ids``, decode steps replayed from a CUDA graph (see the module docstring).
 
     Args:
@@ -101,6 +101,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
         check_every: Steps between EOS checks on the host.
         temperature: 0 for greedy; above 0, sample each token from ``softmax(logits / temperature)``.
         generator: The random generator of the sampling (on the model's device; default: torch's global one).
+        prefill: ``"routed"`` or ``"dense"`` (the prompt with routing off, only decode steps routed; see `Generator`).
 
     Returns:
         ``[B, T + n]`` int64: the prompt and ``n <= max_new_tokens`` new tokens (``n`` is smaller only when
@@ -108,7 +109,7 @@ def generate(model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int, 
     """
     _check(model, input_ids, max_new_tokens, eos_token_id, max_cache_len, check_every, temperature)
     gen = Generator(model, batch_size=input_ids.shape[0], max_cache_len=max_cache_len or input_ids.shape[1] + max_new_tokens,
-                    chunk=None, graphs=graphs)
+                    chunk=None, graphs=graphs, prefill=prefill)
     return gen._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator)
 
 
@@ -142,6 +143,7 @@ def cut_at_stop(tokens: list[int], stops, keep: bool = True) -> list[int]:
     return tokens
 
 
+PREFILL_MODES = ("routed", "dense")  # `Generator`'s ``prefill``: how the prompt runs (the decode steps are routed)
 DEFAULT_CHUNKS = (1024, 512, 256, 128)  # `Generator`'s chunk sizes (those longer than its cache are left out)
 DENSE_WHOLE_FROM = 2048  # prompts a model without routed kernels runs as one eager forward, from this length
 
@@ -183,6 +185,11 @@ class Generator:
         whole_from: Prompts at least this long run as one eager forward (``None``: always chunks; ``"auto"``,
             the default: ``None`` with routed kernels enabled, else 2048).
         graphs: Capture and replay (default: on CUDA devices).
+        prefill: ``"routed"`` (default): the prompt runs through the routers like every token; ``"dense"``: the
+            prompt runs with routing off (every head and channel, the dense model's exact cache and first token) and
+            only the decode steps are routed. Decode speed is the same either way; the prompt then costs what the
+            dense model's does (no routed prefill speed-up), and the realized rate of a generation is its decode
+            steps' rate. Prompt tokens never pass through decode steps in this mode.
 
     Example:
         >>> gen = wide.Generator(model, batch_size=1, max_cache_len=4096)
@@ -191,7 +198,7 @@ class Generator:
 
     def __init__(self, model: nn.Module, *, batch_size: int, max_cache_len: int,
                  chunk: Union[int, Sequence[int], None] = DEFAULT_CHUNKS, whole_from: Union[int, str, None] = "auto",
-                 graphs: Optional[bool] = None):
+                 graphs: Optional[bool] = None, prefill: str = "routed"):
         from transformers import StaticCache
 
         for name, v in (("batch_size", batch_size), ("max_cache_len", max_cache_len)):
@@ -209,6 +216,8 @@ class Generator:
         elif whole_from is not None and (not isinstance(whole_from, int) or isinstance(whole_from, bool)
                                          or whole_from < 1):
             raise ValueError(f"whole_from: must be None, 'auto' or an int >= 1, got {whole_from!r}")
+        if prefill not in PREFILL_MODES:
+            raise ValueError(f"prefill: must be one of {', '.join(PREFILL_MODES)}, got {prefill!r}")
         if model.training:
             raise ValueError("model: in training mode; call model.eval() first (routed kernels run in eval only)")
         dev = next(model.parameters()).device
@@ -225,6 +234,7 @@ class Generator:
         self.whole_from = whole_from
         self.device = dev
         self.runtime = runtime
+        self.prefill = prefill
         self.cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
         self._kw = cache_kwarg(model)
         if sizes and any(getattr(layer, "is_sliding", False) for layer in getattr(self.cache, "layers", [])):
@@ -376,6 +386,16 @@ class Generator:
         self._set_length(T)  # the decode steps write over the last chunk's filler
         return logits[:, -1]
 
+    def _prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`_prefill`, with routing off for ``prefill="dense"``: the routed prefill's sequence start (an unpadded
+        batch) is made first, so the decode steps see the state a routed prompt would have left."""
+        runtime = self.runtime
+        if self.prefill != "dense" or runtime is None or not runtime.routing:
+            return self._prefill(input_ids)
+        runtime.begin_forward(None, input_ids.shape[1])
+        with runtime.routing_off():
+            return self._prefill(input_ids)
+
     def _keep_state(self) -> None:
         """Holds the routed layers' decode-time state (coherent selections) that a captured step reads."""
         self._keep = [dict(state) for wl in getattr(self.runtime, "layers", []) or []
@@ -404,6 +424,9 @@ class Generator:
                                       and tails[0].shape[1] <= max_new_tokens):
             raise ValueError(f"tails: [{self.batch_size}, E <= max_new_tokens] tokens and [{self.batch_size}] counts, "
                              f"got {tuple(tails[0].shape)} and {tuple(tails[1].shape)}")
+        if tails is not None and self.prefill == "dense":
+            raise ValueError("tails: they feed prompt tokens through routed decode steps; a Generator with "
+                             "prefill='dense' takes whole prompts only")
         return self._run(input_ids, max_new_tokens, eos_token_id, pad_token_id, check_every, temperature, generator,
                          tails)
 
@@ -429,7 +452,7 @@ class Generator:
             if i < forced_steps:
                 self._tok[:, 0] = torch.where(i < tails[1], tails[0][:, i], self._tok[:, 0])
 
-        self._tok.copy_(next_token(self._prefill(input_ids), temperature, generator))
+        self._tok.copy_(next_token(self._prompt(input_ids), temperature, generator))
         force(0)
         self._pos.fill_(T)
         self._restart_state()
