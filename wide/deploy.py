@@ -114,7 +114,7 @@ def generate_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-graphs", action="store_true", help="run every forward eagerly (no CUDA graphs)")
     p.add_argument("--weight-layout", choices=["row", "column"], default="row",
                    help="store o_proj / down_proj column-major for the routed decode GEMVs (wide.set_weight_layout; "
-                        "not yet timed on a GPU)")
+                        "measured slower than row-major on an H100, kept for A/Bs)")
     p.add_argument("--prefill", choices=["routed", "dense"], default="routed",
                    help="routed (default): the prompt through the routers too; dense: the prompt with routing off (the "
                         "dense model's cache and first token, no prefill speed-up), only the decode steps routed; the "

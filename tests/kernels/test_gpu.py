@@ -85,7 +85,9 @@ def test_column_major_o_proj_and_route(M, density):
         nw = torch.ones(N, device=DEV, dtype=dtype)
         down = torch.randn(16, N, device=DEV) * N ** -0.5
         h, _, _ = wk.gemm_k_route(x, w, mask, res, nw, 1e-5, down, None, None, normalize=True)
-        assert torch.equal(h, out), "the route epilogue's row is gemm_k's with the residual"
+        # (not bit-equal to gemm_k's row over column-major weights: on an H100, 2026-12-07, the two differed in the
+        # last bits; the layout is measured slower and stays off by default, so only the values are held here)
+        check(h, ref, dtype, None, "gemm_k_route column-major")
 
 
 @pytest.mark.parametrize("M", [1100, 4097])
@@ -271,9 +273,11 @@ def test_router_margin(rows, wdtype, kind):
 
 
 @pytest.mark.parametrize("rows,G", [(1, 224), (1, 140), (16, 224), (4, 8)])
-def test_router_prefetch_same_bits_on_the_gpu(rows, G):
-    """`KernelOptions.router_prefetch` on the GPU (bf16 routers, the 8B and Qwen FFN group counts): margins,
-    decisions, the fused norm and batch-coherent routing equal the unprefetched launch's exactly."""
+def test_router_prefetch_same_results_on_the_gpu(rows, G):
+    """`KernelOptions.router_prefetch` on the GPU (bf16 routers, the 8B and Qwen FFN group counts) against the
+    unprefetched launch: the fused norm's output and the coherent schedule's step exactly, the fp32 margins and the
+    coherent EMA to fp32 rounding (not bit for bit: on an H100, 2026-12-07, the hoisted second stage's sums differed in
+    the last bits, e.g. -0.34355 vs -0.34354), the decisions and the coherent selection wherever the margin is clear."""
     D, R = 4096, 32
     torch.manual_seed(rows + G)
     x = (torch.randn(rows, D, device=DEV) * 4).to(torch.bfloat16)
@@ -286,16 +290,21 @@ def test_router_prefetch_same_bits_on_the_gpu(rows, G):
         st = (torch.full((G,), 0.5, device=DEV), torch.zeros(G, dtype=torch.bool, device=DEV),
               torch.zeros((), dtype=torch.int64, device=DEV))
         with wk.use_kernel_options(router_prefetch=on):
-            res = [wk.router_margin(x, down, up, bias, decide=False, backend="triton"),
-                   wk.router_margin(x, down, up, bias, backend="triton"),
-                   *wk.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton")]
+            margins = wk.router_margin(x, down, up, bias, decide=False, backend="triton")
+            decided = wk.router_margin(x, down, up, bias, backend="triton")
+            y, fused = wk.rms_norm_route(x, w, 1e-5, down, up, bias, backend="triton")
             for _ in range(3):
                 wk.coherent_route(x, down, up, bias, ema=st[0], selection=st[1], step=st[2], keep=None, memory=0.5,
                                   refresh_every=2, backend="triton")
         torch.cuda.synchronize()
-        out[on] = res + list(st)
-    for a, b in zip(out[False], out[True]):
-        assert torch.equal(a, b)
+        out[on] = (margins, decided, y, fused, *st)
+    (m0, d0, y0, f0, e0, s0, t0), (m1, d1, y1, f1, e1, s1, t1) = out[False], out[True]
+    torch.testing.assert_close(m1, m0, rtol=1e-5, atol=1e-6)
+    clear = m0.abs() > 1e-3
+    assert torch.equal(d1[clear], d0[clear]) and torch.equal(f1[clear], f0[clear])
+    assert torch.equal(y1, y0) and torch.equal(t1, t0)
+    torch.testing.assert_close(e1, e0, rtol=1e-5, atol=1e-6)
+    assert torch.equal(s1, s0)  # random margins: no near-tie at the selection's cut
 
 
 @pytest.mark.parametrize("B,G", [(1, 8), (16, 112), (16, 448)])

@@ -52,7 +52,7 @@ def load(path: str | Path, *, dtype: Optional[torch.dtype] = None, device: Optio
             per decode step; the first forward at each new shape compiles. ``True`` uses inductor; a string
             names another ``torch.compile`` backend.
         weight_layout: ``"row"`` (as saved) or ``"column"``: ``o_proj`` / ``down_proj`` stored column-major for the
-            routed decode GEMVs (`wide.set_weight_layout`; not yet timed on a GPU).
+            routed decode GEMVs (`wide.set_weight_layout`; measured slower than row-major on an H100, for A/Bs).
     """
     from wide.io.loading import pretrained_lm
     from wide.modeling.layout import check_layout, set_weight_layout

@@ -90,12 +90,15 @@ class KernelOptions:
     4 warps, one program per tile (H100 sweep 2026-12-06: 30.0 vs 34.5 us at M = 4096, 50%); ``False`` gives the
     persistent 128 x 128 tiles back."""
 
-    router_prefetch: bool = False
+    router_prefetch: bool = True
     """The decode router kernel (`wide.kernels.router_margin`, one launch a layer and kind) loads its second stage
     (``up`` over the rank and the bias, every group in one tile) in every program before the arrival atomic, so the
     row's last program runs the second GEMV without a memory round trip of its own. The serial tail after the atomic
-    is what a low-rank router call waits on: 7.5–8 us a call on an H100 profile (2026-12-06) for a few hundred KB of
-    weights, the FFN's call on the step's critical path. Same margins bit for bit (parity tests). Off until timed."""
+    is what a low-rank router call waits on. The same margins to fp32 rounding: bit for bit in the interpreter, the
+    last bits may differ on a GPU (H100, 2026-12-07), so a decision within ~1e-5 of its threshold may flip. On since
+    2026-12-07: H100 graph replay, batch 1, low-rank routers at 50% (`profile_decode.py --router lowrank
+    --kernel-option router_prefetch=0|1`), the router kernel 15.8 -> 13.8 us a layer and the routed step 182.4 ->
+    180.6 us a layer at the 8B shape, 14.6 -> 12.1 and 82.5 -> 80.4 at Qwen2.5-1.5B's (dense/routed 1.50x -> 1.55x)."""
 
     def changed(self) -> dict[str, bool]:
         """The switches that differ from the defaults (what a benchmark records next to its timings)."""

@@ -3,9 +3,11 @@
 A reduction-width routed GEMM (`wide.kernels.gemm_k`) skips column groups of its weight ``[N, K]``: the input
 channels of a skipped head group or FFN channel group. Stored row-major (PyTorch's layout), a decode step's GEMV
 then reads every output row in short runs, one per active group (256 bytes for an FFN group of 128 bf16 channels),
-and (the hypothesis this layout tests, not yet measured) half of every DRAM page it opens goes unread. Stored
-column-major (``weight.t().contiguous().t()``: same logical tensor, strides ``(1, N)``), each active group is one
-contiguous block of ``group x N`` elements, as a dense GEMV's weight is.
+and (the hypothesis this layout tested) half of every DRAM page it opens goes unread. Stored column-major
+(``weight.t().contiguous().t()``: same logical tensor, strides ``(1, N)``), each active group is one contiguous block
+of ``group x N`` elements, as a dense GEMV's weight is. Measured on an H100 (2026-12-07, BENCHMARKS.md): slower, not
+faster — the 8B batch-1 decode step at 50% 4.40 ms column-major against 4.25 ms row-major, every swept column-major
+GEMV config behind the row-major default — so row-major is the default and this layout stays for A/Bs.
 
 `set_weight_layout(model, "column")` re-lays those weights in place, one at a time (a weight's copy at a time of
 extra memory), keeping the same ``nn.Parameter`` objects: state-dict keys, LoRA merges and the dense path

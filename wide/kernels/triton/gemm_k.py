@@ -86,13 +86,14 @@ K_LIST_MAX_HINT = 0.9
 
 
 # Decode gemm_k over column-major weights (`column_major`), by (rows: 1 or more, wide groups of >= 512 channels such
-# as o_proj's head groups): the tile's weight rows are input channels, contiguous along N, so the tiles are wide in N
-# and short in K, and the splits share the active groups' chunks. First guesses, not yet swept on a GPU
-# (`benchmarks/gemv_sweep.py --colmajor [--m 16] --best-json F` sweeps them; `benchmarks/with_configs.py F` runs a
-# command with the sweep's best in this table).
+# as o_proj's head groups): the tile's weight rows are input channels, contiguous along N, and the splits share the
+# active groups' chunks. Batch 1: the winners of `benchmarks/gemv_sweep.py --colmajor --half-only` on an H100
+# (2026-12-07, 50% masks, 8B o_proj and down_proj): still slower than the row-major default (o_proj 11.5 against
+# 9.6 us, down_proj 27.2 against 25.3), so row-major stays the default layout. Batch 16: first guesses, not swept
+# (`--m 16`; `benchmarks/with_configs.py F` runs a command with a sweep's best in this table).
 COLMAJOR_DECODE = {
-    (1, True): GemmConfig(1, 256, 32, num_warps=8, num_stages=4, split_k=8, variant="local"),
-    (1, False): GemmConfig(1, 256, 32, num_warps=8, num_stages=4, split_k=8, variant="local"),
+    (1, True): GemmConfig(1, 64, 64, num_warps=4, num_stages=4, split_k=16, variant="local"),
+    (1, False): GemmConfig(1, 64, 64, num_warps=4, num_stages=4, split_k=16, variant="local"),
     (16, True): GemmConfig(16, 128, 32, num_warps=4, num_stages=4, split_k=4, variant="list"),
     (16, False): GemmConfig(16, 128, 32, num_warps=4, num_stages=4, split_k=4, variant="list"),
 }

@@ -122,7 +122,8 @@ def _router_margin_kernel(x_ptr, down_ptr, up_ptr, bias_ptr, out_ptr, part_ptr, 
         # the second stage's operands (every group in one tile, G <= BLOCK_G), loaded by every program before the
         # arrival atomic: whichever program turns out last has them in registers and runs the second GEMV with no
         # memory round trip of its own (the atomic's release keeps the loads above it); the same tile function as
-        # `router_second_stage`'s, so the same margins bit for bit
+        # `router_second_stage`'s, so the same margins up to the compiler's reduction order (bit for bit in the
+        # interpreter; the last bits differed on an H100, 2026-12-07)
         gp = tl.arange(0, BLOCK_G)
         gpin = gp < G
         u_pre, b_pre = router_stage_operands(up_ptr, sug, bias_ptr, gp, gpin, r, rin, HAS_UP, HAS_BIAS)
