@@ -78,6 +78,13 @@ def exported(tiny_model_dir, tmp_path):
     return out
 
 
+def _greedy_to_eos(model, tok, prompt: str, n: int, **kw) -> list[int]:
+    """``wide.generate``'s new tokens for ``prompt``, up to and with the first EOS (what `wide generate` records)."""
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    want = wide.generate(model, ids, max_new_tokens=n, eos_token_id=tok.eos_token_id, **kw)[0, ids.shape[1]:].tolist()
+    return want[: want.index(tok.eos_token_id) + 1] if tok.eos_token_id in want else want
+
+
 def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path, capsys):
     capsys.readouterr()
     js = tmp_path / "gen.json"
@@ -90,10 +97,7 @@ def test_generate_prints_completions_speed_and_skipped_share(exported, tmp_path,
     model = wide.load(exported)
     tok = __import__("transformers").AutoTokenizer.from_pretrained(exported)
     for r in recs:
-        ids = torch.tensor([tok(r["prompt"])["input_ids"]])
-        want = wide.generate(model, ids, max_new_tokens=6, eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
-        if tok.eos_token_id in want:
-            want = want[: want.index(tok.eos_token_id) + 1]
+        want = _greedy_to_eos(model, tok, r["prompt"], 6)
         assert r["new_tokens"] == len(want) and r["completion"] == tok.decode(want, skip_special_tokens=True)
         assert set(r["skipped"]) == {"attn", "ffn", "total", "by_weight"} and 0 < r["skipped"]["by_weight"] < 1
         assert r["tokens_per_s"] > 0
@@ -128,10 +132,7 @@ def test_generate_with_dense_prompts_routes_only_the_new_tokens(exported, tmp_pa
     model = wide.load(exported)
     tok = __import__("transformers").AutoTokenizer.from_pretrained(exported)
     ids = torch.tensor([tok("the cat sat on")["input_ids"]])
-    want = wide.generate(model, ids, max_new_tokens=6, eos_token_id=tok.eos_token_id, prefill="dense")
-    want = want[0, ids.shape[1]:].tolist()
-    if tok.eos_token_id in want:
-        want = want[: want.index(tok.eos_token_id) + 1]
+    want = _greedy_to_eos(model, tok, "the cat sat on", 6, prefill="dense")
     rec = got["records"][0]
     assert rec["tokens"] == want and rec["new_tokens"] == len(want)
     from wide.modeling.compare import skipped_share

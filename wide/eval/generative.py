@@ -94,22 +94,17 @@ def _sparsity_pass(model, meter: SparsityMeter, prompts: Sequence[Sequence[int]]
 
 def _dense_prefill_row(model, meter: SparsityMeter, prompt: Sequence[int], answer: Sequence[int]) -> torch.Tensor:
     """One row of `_sparsity_pass`'s ``prefill="dense"``."""
-    from transformers import DynamicCache
-
-    from wide.modeling.generate import cache_kwarg
-    from wide.modeling.wrap import runtime_of
+    from wide.modeling.generate import dense_prompt_forward
 
     dev = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
-    kw = {cache_kwarg(model): cache, "use_cache": True}
-    with torch.inference_mode():
-        with runtime_of(model).routing_off():
-            first = model(input_ids=torch.tensor([list(prompt)], device=dev), **kw).logits[0, -1].argmax(-1, keepdim=True)
-        if len(answer) < 2:  # the routed steps would only read the last answer token, whose prediction is unused
-            return first.cpu()[:len(answer)]
-        rest = model(input_ids=torch.tensor([list(answer[:-1])], device=dev), **kw).logits[0].argmax(-1)
+    # the routed steps read every answer token but the last (whose prediction is unused)
+    rest = torch.tensor([list(answer[:-1])], dtype=torch.long, device=dev) if len(answer) >= 2 else None
+    first, logits = dense_prompt_forward(model, torch.tensor([list(prompt)], device=dev), rest)
+    first = first[0].argmax(-1, keepdim=True)
+    if logits is None:
+        return first.cpu()[:len(answer)]
     meter.update(len(answer) - 1)
-    return torch.cat([first, rest]).cpu()
+    return torch.cat([first, logits[0].argmax(-1)]).cpu()
 
 
 def arithmetic(model, tokenizer, *, limit: Optional[int] = None, batch_size: int = 8, max_new_tokens: int = 12,

@@ -141,19 +141,12 @@ def skipped_share(model, ids: torch.Tensor, dense_prompt: int = 0) -> dict[str, 
     routing off into a cache and are not counted (what a ``prefill="dense"`` generation routes: the rest only)."""
     import wide
 
-    with torch.inference_mode():
-        if dense_prompt:
-            from transformers import DynamicCache
+    if dense_prompt:
+        from wide.modeling.generate import dense_prompt_forward
 
-            from wide.modeling.generate import cache_kwarg
-            from wide.modeling.wrap import runtime_of
-
-            kw = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
-            with runtime_of(model).routing_off():
-                model(input_ids=ids[:, :dense_prompt], **kw)
-            if ids.shape[1] > dense_prompt:
-                model(input_ids=ids[:, dense_prompt:], **kw)
-        else:
+        dense_prompt_forward(model, ids[:, :dense_prompt], ids[:, dense_prompt:])
+    else:
+        with torch.inference_mode():
             model(input_ids=ids, use_cache=False)
     stats = wide.sparsity_stats(model)
     if stats is None or (dense_prompt and ids.shape[1] <= dense_prompt):  # nothing ran routed

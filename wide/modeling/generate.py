@@ -123,6 +123,22 @@ def cache_kwarg(model: nn.Module) -> str:
 def _cache_kwarg_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
+def dense_prompt_forward(model: nn.Module, prompt: torch.Tensor, rest: Optional[torch.Tensor] = None):
+    """``prefill="dense"`` as one eager pass: ``prompt [B, T]`` with routing off into a dynamic cache, then ``rest
+    [B, S]`` (if any) routed over it. Returns ``(the prompt's last logits [B, V], rest's logits [B, S, V] or None)``;
+    the runtime's records are then rest's alone (what a dense-prompt generation routes)."""
+    from transformers import DynamicCache
+
+    from wide.modeling.wrap import runtime_of
+
+    kw = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
+    with torch.inference_mode():
+        with runtime_of(model).routing_off():
+            first = model(input_ids=prompt, **kw).logits[:, -1]
+        out = model(input_ids=rest, **kw).logits if rest is not None and rest.shape[1] else None
+    return first, out
+
+
 def stop_token_ids(tokenizer, model: Optional[nn.Module] = None) -> list[int]:
     """The tokens that end a completion: the tokenizer's EOS first, then the model's generation EOS ids (a chat
     model ends its turn with its own: Qwen2.5's ``<|im_end|>`` beside ``<|endoftext|>``). Every loop that stops on
