@@ -94,7 +94,7 @@ def _sparsity_pass(model, meter: SparsityMeter, prompts: Sequence[Sequence[int]]
 
 def _dense_prefill_row(model, meter: SparsityMeter, prompt: Sequence[int], answer: Sequence[int]) -> torch.Tensor:
     """One row of `_sparsity_pass`'s ``prefill="dense"``."""
-    from wide.modeling.generate import dense_prompt_forward
+    from wide.modeling.compare import dense_prompt_forward
 
     dev = next(model.parameters()).device
     # the routed steps read every answer token but the last (whose prediction is unused)

@@ -135,6 +135,24 @@ class GenerationComparison:
                           "identical_prompts": sum(p.first_divergence is None for p in self.prompts)}}
 
 
+def dense_prompt_forward(model: torch.nn.Module, prompt: torch.Tensor, rest: Optional[torch.Tensor] = None):
+    """``prefill="dense"`` as one eager pass: ``prompt [B, T]`` with routing off into a dynamic cache, then ``rest
+    [B, S]`` (if any) routed over it. Returns ``(the prompt's last logits [B, V], rest's logits [B, S, V] or None)``;
+    the runtime's records are then rest's alone (what a dense-prompt generation routes)."""
+    from transformers import DynamicCache
+
+    from wide.modeling.wrap import runtime_of
+
+    from wide.modeling.generate import cache_kwarg
+
+    kw = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
+    with torch.inference_mode():
+        with runtime_of(model).routing_off():
+            first = model(input_ids=prompt, **kw).logits[:, -1]
+        out = model(input_ids=rest, **kw).logits if rest is not None and rest.shape[1] else None
+    return first, out
+
+
 def skipped_share(model, ids: torch.Tensor, dense_prompt: int = 0) -> dict[str, float]:
     """Realized skip rates of one eager forward over ``ids [B, T]``: per kind, ``total`` (the kinds averaged) and
     ``by_weight`` (each kind weighted by its routed weights). ``dense_prompt``: the first that many tokens run with
@@ -142,8 +160,6 @@ def skipped_share(model, ids: torch.Tensor, dense_prompt: int = 0) -> dict[str, 
     import wide
 
     if dense_prompt:
-        from wide.modeling.generate import dense_prompt_forward
-
         dense_prompt_forward(model, ids[:, :dense_prompt], ids[:, dense_prompt:])
     else:
         with torch.inference_mode():

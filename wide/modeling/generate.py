@@ -123,22 +123,6 @@ def cache_kwarg(model: nn.Module) -> str:
 def _cache_kwarg_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
-def dense_prompt_forward(model: nn.Module, prompt: torch.Tensor, rest: Optional[torch.Tensor] = None):
-    """``prefill="dense"`` as one eager pass: ``prompt [B, T]`` with routing off into a dynamic cache, then ``rest
-    [B, S]`` (if any) routed over it. Returns ``(the prompt's last logits [B, V], rest's logits [B, S, V] or None)``;
-    the runtime's records are then rest's alone (what a dense-prompt generation routes)."""
-    from transformers import DynamicCache
-
-    from wide.modeling.wrap import runtime_of
-
-    kw = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
-    with torch.inference_mode():
-        with runtime_of(model).routing_off():
-            first = model(input_ids=prompt, **kw).logits[:, -1]
-        out = model(input_ids=rest, **kw).logits if rest is not None and rest.shape[1] else None
-    return first, out
-
-
 def stop_token_ids(tokenizer, model: Optional[nn.Module] = None) -> list[int]:
     """The tokens that end a completion: the tokenizer's EOS first, then the model's generation EOS ids (a chat
     model ends its turn with its own: Qwen2.5's ``<|im_end|>`` beside ``<|endoftext|>``). Every loop that stops on
@@ -201,11 +185,8 @@ class Generator:
         whole_from: Prompts at least this long run as one eager forward (``None``: always chunks; ``"auto"``,
             the default: ``None`` with routed kernels enabled, else 2048).
         graphs: Capture and replay (default: on CUDA devices).
-        prefill: ``"routed"`` (default): the prompt runs through the routers like every token; ``"dense"``: the
-            prompt runs with routing off (every head and channel, the dense model's exact cache and first token) and
-            only the decode steps are routed. Decode speed is the same either way; the prompt then costs what the
-            dense model's does (no routed prefill speed-up), and the realized rate of a generation is its decode
-            steps' rate. Prompt tokens never pass through decode steps in this mode.
+        prefill: ``"routed"`` (default), or ``"dense"``: the prompt with routing off (the dense model's cache and first
+            token, at dense prefill cost), only the decode steps routed; no prompt token runs as a decode step.
 
     Example:
         >>> gen = wide.Generator(model, batch_size=1, max_cache_len=4096)
