@@ -142,6 +142,11 @@
 #   col23q        [synchronous, ~4 min] col23's decision in one call, for a session with little device time left:
 #                 the 50% batch-1 column-major sweep (best -> $OUT/colmajor_best.json), then the 8B decode row at 50%,
 #                 batch 1, row-major and column-major under that best; everything written to $OUT
+#   table23       [detached] issue 23's decode table from one run at this tree (router_prefetch on since 2026-12-07) while the
+#                 asset chunks arrive: the 8B shape's decode rows (random routers, 0 / 50 / 75%, batch 1 / 4 / 16, per token
+#                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
+#                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench
+#                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -283,7 +288,7 @@ recv)
   # what the detached stages have written so far comes back with every chunk call (a session may end mid-upload)
   tail -n 4 /tmp/logs/*.log 2>/dev/null; tar czf $OUT/results.tgz -C /tmp res 2>/dev/null
   ;;
-bench|col23|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext|narrow25)
+bench|col23|quick|decode|ab|remeasure|smollm|qwen|realbench|prefill25|tables|train|smolbench|normab|targets|chatdata|textbench|capchat|long|chatmix|throughput|profile23|qkv23|qkv23b|qwen23|route23|tune23|defaults23|q22|gemv|qlong|exq|qgroups|qfrontier|qinit|qlora|split23|next23|final|joint|smoljoint|jointnext|narrow25|table23)
   detach "$1" ;;
 resume)  # the resume parts carried in .device/resume (see ship_resume) -> /tmp/resume, for the stage's restore_resume
   mkdir -p /tmp/resume && cp .device/resume/resume_* /tmp/resume/ && ls /tmp/resume ;;
@@ -926,6 +931,19 @@ _jointnext)
   # JOINT_STEPS=0: no joint fit (then only chunks c00..c01, SmolLM2's wheel, need to arrive)
   [ "${JOINT_STEPS:-610}" -gt 0 ] && JOINT_STEPS=${JOINT_STEPS:-610} bash benchmarks/gpu_session.sh _joint
   echo JOINTNEXT_DONE
+  ;;
+_table23)
+  export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
+  timeout 480 $W bench --fuse-glue --coherent --prefill --sparsity 0 0.5 0.75 --decode-batch 1 4 16 \
+    --json /tmp/res/bench8b_decode.json > /tmp/res/bench8b_decode.md 2>&1; grep "^| decode" /tmp/res/bench8b_decode.md
+  timeout 300 $W bench --fuse-glue --coherent --router lowrank --prefill --sparsity 0.5 --decode-batch 1 4 16 \
+    --json /tmp/res/bench8b_decode_lowrank.json > /tmp/res/bench8b_decode_lowrank.md 2>&1
+  timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 40 \
+    > /tmp/res/profile_8b_b1.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1.txt
+  echo TABLE23_BENCH_DONE
+  [ "${TABLE23_JOINT:-1}" = 1 ] && bash benchmarks/gpu_session.sh _joint
+  echo TABLE23_DONE
   ;;
 _col23)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
