@@ -161,7 +161,7 @@ def test_cells_can_add_generative_metrics_and_the_tables_show_them(tmp_path, tin
     rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
     assert [r["arithmetic_em"] != "" for r in rows] == [False, True] and "token_agreement" not in rows[0]
     md = (out / "results.md").read_text()
-    assert "| avg | arith EM |" in md and "arith EM: 5-shot basic-arithmetic exact match" in md
+    assert "| avg | % of dense | arith EM |" in md and "arith EM: 5-shot basic-arithmetic exact match" in md
 
 
 def test_subprocess_launcher_and_failures_are_recorded(tmp_path, tiny_model_dir, tiny_corpus):

@@ -43,6 +43,31 @@ def _gen_columns(rows: list[dict[str, Any]]) -> list[str]:
     return [k for k in GENERATIVE_COLUMNS if k in seen]
 
 
+RETAINED = ("avg", "arithmetic_em")
+"""Summary scores a grid also reports as a share of the same model's dense cell (``<name>_of_dense``): the average
+zero-shot score, and arithmetic exact match (generation retention; token agreement is against dense already)."""
+
+
+def dense_reference(rows: list[dict[str, Any]]) -> dict[Any, dict[str, float]]:
+    """Per model, the first finished dense cell's (routing off) `RETAINED` scores that it measured."""
+    refs: dict[Any, dict[str, float]] = {}
+    for r in rows:
+        s = r.get("summary")
+        if r.get("status") != "done" or not s or s.get("method") != "dense" or r.get("model") in refs:
+            continue
+        scores = {"avg": s.get("avg"), "arithmetic_em": (s.get("generative") or {}).get("arithmetic_em")}
+        refs[r.get("model")] = {k: v for k, v in scores.items() if v}
+    return refs
+
+
+def retained(row: dict[str, Any], refs: dict[Any, dict[str, float]]) -> dict[str, Optional[float]]:
+    """The row's `RETAINED` scores over its model's dense ones (None where either is missing)."""
+    s = row.get("summary") or {}
+    ref = refs.get(row.get("model"), {})
+    mine = {"avg": s.get("avg"), "arithmetic_em": (s.get("generative") or {}).get("arithmetic_em")}
+    return {k: (mine[k] / ref[k] if mine[k] is not None and k in ref else None) for k in RETAINED}
+
+
 def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """CSV columns and values (numbers unformatted; scores and sparsities as fractions)."""
     axes = [a.name for a in spec.axes]
@@ -50,9 +75,10 @@ def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], li
     gens = _gen_columns(rows)
     cols = ["cell", *axes, "status", "model", "routing", "trained", "target_sparsity", "realized_sparsity",
             "realized_by_weight", "realized_attn", "realized_ffn", "ppl", "ppl_sparsity", *tasks, "avg", "zeroshot_sparsity",
-            *gens,
+            *gens, *(f"{k}_of_dense" for k in RETAINED),
             "calibrate_steps", "calibrate_tokens", "calibrate_wall_s", "lora_steps", "lora_tokens", "lora_wall_s",
             "eval_wall_s"]
+    refs = dense_reference(rows)
     out = []
     for r in rows:
         flat: dict[str, Any] = {"cell": r["cell"], "status": r["status"], **r.get("labels", {})}
@@ -71,6 +97,7 @@ def flat_rows(spec: GridSpec, rows: list[dict[str, Any]]) -> tuple[list[str], li
                 flat[t] = r.get("tasks", {}).get(t, {}).get("score")
             for g in gens:
                 flat[g] = (s.get("generative") or {}).get(g)
+            flat.update({f"{k}_of_dense": v for k, v in retained(r, refs).items()})
             for stage, run in (r.get("runs") or {}).items():
                 flat[f"{stage}_steps"] = run.get("steps")
                 flat[f"{stage}_tokens"] = run.get("tokens")
@@ -97,6 +124,11 @@ def _pct(v: Optional[float]) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
 
+def _share(v: Optional[float]) -> str:
+    """`` (N%)`` after a score: its share of dense; empty where there is none."""
+    return "" if v is None else f" ({100 * v:.0f}%)"
+
+
 def _num(v: Optional[float], fmt: str = "{:,}") -> str:
     return "–" if v is None else fmt.format(v)
 
@@ -112,6 +144,8 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
     axes = [a.name for a in spec.axes]
     tasks = _task_names(rows)
     gens = _gen_columns(rows)
+    refs = dense_reference(rows)
+    of_dense = any("avg" in ref for ref in refs.values())  # the "% of dense" column
     short = {"arc_easy": "ARC-e", "arc_challenge": "ARC-c", "boolq": "BoolQ", "winogrande": "Wino",
              "piqa": "PIQA", "openbookqa": "OBQA", "hellaswag": "HSwag"}
     hw = next((r.get("hardware") for r in rows if r.get("hardware")), None) or {}
@@ -132,29 +166,34 @@ def to_markdown(spec: GridSpec, rows: list[dict[str, Any]]) -> str:
                      + ")" + (f"; zero-shot {'first ' + str(lim) + ' items per task' if lim else 'all items'}"
                               if settings.get("tasks") else "; no zero-shot tasks") + ".")
     lines += ["", "| " + " | ".join([*axes, "routing", "trained", "target", "realized", "by weight", "ppl",
-                                      *[short.get(t, t) for t in tasks], "avg",
+                                      *[short.get(t, t) for t in tasks], "avg", *(["% of dense"] if of_dense else []),
                                       *[GENERATIVE_COLUMNS[g] for g in gens]]) + " |",
-              "|" + "---|" * (len(axes) + 2) + "---:|" * (5 + len(tasks) + len(gens))]
+              "|" + "---|" * (len(axes) + 2) + "---:|" * (5 + len(tasks) + of_dense + len(gens))]
     for r in rows:
         labels = [str(r.get("labels", {}).get(a, "")) for a in axes]
         s = r.get("summary")
         if not s:
-            lines.append("| " + " | ".join([*labels, f"*{r['status']}*", *[""] * (6 + len(tasks) + len(gens))]) + " |")
+            lines.append("| " + " | ".join([*labels, f"*{r['status']}*",
+                                            *[""] * (6 + len(tasks) + of_dense + len(gens))]) + " |")
             continue
         ts = r.get("tasks", {})
+        kept = retained(r, refs)
         lines.append("| " + " | ".join([
             *labels, s["method"], trained(r), _pct(s["target_sparsity"]), _pct(s["sparsity"]["sparsity"]),
             _pct(s["sparsity"].get("by_weight")),
             "–" if s.get("ppl") is None else f"{s['ppl']:.2f}",
             *[_pct(ts[t]["score"]) if t in ts else "–" for t in tasks], _pct(s.get("avg")),
-            *[_pct((s.get("generative") or {}).get(g)) for g in gens],
+            *([_pct(kept["avg"])] if of_dense else []),
+            *[_pct((s.get("generative") or {}).get(g)) + _share(kept.get(g)) for g in gens],
         ]) + " |")
     lines += ["", "target/realized: target and realized sparsity (%; realized over all eval forwards, token-weighted; "
               "the target is by weight under `sparsity_measure: weight`); realized is the router kinds' skip rates "
               "averaged, by weight the share of the routed weights' work skipped (what speed follows). "
               "Scores: acc_norm for ARC, PIQA, OBQA, HellaSwag, acc for BoolQ and WinoGrande (%); avg over the tasks "
-              "shown." + (" arith EM: 5-shot basic-arithmetic exact match; agreement: share of the dense model's "
-                          "first greedy answer tokens the model predicts (`wide eval --generative`)." if gens else ""),
+              "shown." + (" % of dense: avg over the same model's dense cell's." if of_dense else "")
+              + (" arith EM: 5-shot basic-arithmetic exact match (in brackets: of the dense cell's, where it measured "
+                 "it); agreement: share of the dense model's first greedy answer tokens the model predicts "
+                 "(`wide eval --generative`)." if gens else ""),
               ""]
     run_rows = [r for r in rows if r.get("runs")]
     if run_rows:
