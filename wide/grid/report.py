@@ -48,23 +48,27 @@ RETAINED = ("avg", "arithmetic_em")
 zero-shot score, and arithmetic exact match (generation retention; token agreement is against dense already)."""
 
 
+def _retained_scores(summary: dict[str, Any]) -> dict[str, Optional[float]]:
+    """A cell summary's `RETAINED` scores (None where it did not measure one)."""
+    return {"avg": summary.get("avg"), "arithmetic_em": (summary.get("generative") or {}).get("arithmetic_em")}
+
+
 def dense_reference(rows: list[dict[str, Any]]) -> dict[Any, dict[str, float]]:
-    """Per model, the first finished dense cell's (routing off) `RETAINED` scores that it measured."""
+    """Per model, the first finished dense cell's (routing off) `RETAINED` scores that it measured (a zero is left
+    out: no share of it)."""
     refs: dict[Any, dict[str, float]] = {}
     for r in rows:
         s = r.get("summary")
         if r.get("status") != "done" or not s or s.get("method") != "dense" or r.get("model") in refs:
             continue
-        scores = {"avg": s.get("avg"), "arithmetic_em": (s.get("generative") or {}).get("arithmetic_em")}
-        refs[r.get("model")] = {k: v for k, v in scores.items() if v}
+        refs[r.get("model")] = {k: v for k, v in _retained_scores(s).items() if v}
     return refs
 
 
 def retained(row: dict[str, Any], refs: dict[Any, dict[str, float]]) -> dict[str, Optional[float]]:
     """The row's `RETAINED` scores over its model's dense ones (None where either is missing)."""
-    s = row.get("summary") or {}
     ref = refs.get(row.get("model"), {})
-    mine = {"avg": s.get("avg"), "arithmetic_em": (s.get("generative") or {}).get("arithmetic_em")}
+    mine = _retained_scores(row.get("summary") or {})
     return {k: (mine[k] / ref[k] if mine[k] is not None and k in ref else None) for k in RETAINED}
 
 
