@@ -145,7 +145,8 @@
 #   table23       [detached] issue 23's decode table from one run at this tree (router_prefetch on since 2026-12-07) while the
 #                 asset chunks arrive: the 8B shape's decode rows (random routers, 0 / 50 / 75%, batch 1 / 4 / 16, per token
 #                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
-#                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench
+#                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench;
+#                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) before the fit
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
@@ -942,6 +943,9 @@ _table23)
     --json /tmp/res/bench8b_decode_lowrank.json > /tmp/res/bench8b_decode_lowrank.md 2>&1
   timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 40 \
     > /tmp/res/profile_8b_b1.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1.txt
+  # (TABLE23_KERNELS=1: issue 25's kernel table too, --quick, from the same tree)
+  [ "${TABLE23_KERNELS:-0}" = 1 ] && timeout 300 python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json \
+    --md /tmp/res/kernels_quick.md > /tmp/res/kernels_quick.log 2>&1
   echo TABLE23_BENCH_DONE
   [ "${TABLE23_JOINT:-1}" = 1 ] && bash benchmarks/gpu_session.sh _joint
   echo TABLE23_DONE
