@@ -946,6 +946,11 @@ _table23)
   timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 40 \
     > /tmp/res/profile_8b_b1.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1.txt
   fi
+  # (TABLE23_ROUTE_AB=1: batch-1 decode with low-rank routers at 50 / 75%, decode_route off / on: the fused norm +
+  # router epilogue lets q skip the heads no row runs, which pays more at 75%)
+  [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && for v in 0 1; do timeout 200 $W bench --fuse-glue --router lowrank --prefill \
+    --sparsity 0.5 0.75 --decode-batch 1 --kernel-option decode_route=$v --json /tmp/res/bench8b_route$v.json \
+    > /tmp/res/bench8b_route$v.md 2>&1; grep "^| decode" /tmp/res/bench8b_route$v.md; done
   # (TABLE23_KERNELS=1: issue 25's kernel table too, --quick, from the same tree)
   [ "${TABLE23_KERNELS:-0}" = 1 ] && timeout 300 python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json \
     --md /tmp/res/kernels_quick.md > /tmp/res/kernels_quick.log 2>&1
