@@ -89,8 +89,7 @@ def test_a_mixture_path_that_holds_nothing_fails_before_reading(tmp_path):
         check_source(f"mixture:drop=1,{tmp_path / 'empty'}=1")
 
 
-def test_a_mixture_takes_the_synthetic_arithmetic_corpus(monkeypatch, tmp_path):
-    """``arithmetic`` (`wide.data.arithmetic`) mixes in by characters like a prose corpus, none of its scored questions."""
+def _fake_arithmetic(monkeypatch, tmp_path, docs: int = 40):
     import wide.data.arithmetic as arithmetic
     import wide.data.corpus as corpus
     import wide.data.mixture as mixture
@@ -102,12 +101,42 @@ def test_a_mixture_takes_the_synthetic_arithmetic_corpus(monkeypatch, tmp_path):
     monkeypatch.setattr(olmo, "task_data_dir", lambda task: scored)
     monkeypatch.setattr(olmo, "prose_corpus", lambda name: [f"{name} document {i} " * 4 for i in range(50)])
     monkeypatch.setattr(corpus, "default_corpus_split", lambda: ([], []))
-    monkeypatch.setattr(mixture, "ARITHMETIC_DOCS", 40)
+    monkeypatch.setattr(mixture, "ARITHMETIC_DOCS", docs)
+    return lambda n: arithmetic.arithmetic_documents(n, 8, seed=0, data_dir=str(scored))
+
+
+def _chars(docs, prefix=None):
+    return sum(len(d) for d in docs if prefix is None or d.startswith(prefix))
+
+
+def test_a_mixture_takes_the_synthetic_arithmetic_corpus(monkeypatch, tmp_path):
+    """``arithmetic`` (`wide.data.arithmetic`) mixes in by characters like a prose corpus, none of its scored questions."""
+    generate = _fake_arithmetic(monkeypatch, tmp_path)
     assert parse_mixture("mixture:drop,arithmetic=0.5") == {"drop": 1.0, "arithmetic": 0.5}
     out = mixture_documents("mixture:drop,arithmetic=0.5")
     arith = [d for d in out if d.startswith("Calculate")]
-    assert arith == arithmetic.arithmetic_documents(40, 8, seed=0, data_dir=str(scored))
+    assert arith == generate(40)[:len(arith)]  # the generator's first documents
     assert all(line != "Calculate 10 + 10 = 20" for d in arith for line in d.split("\n\n"))
     head = out[:30]
-    chars = {k: sum(len(d) for d in head if d.startswith(k)) for k in ("drop", "Calculate")}
+    chars = {k: _chars(head, k) for k in ("drop", "Calculate")}
     assert abs(chars["Calculate"] / sum(chars.values()) - 1 / 3) < 0.1
+
+
+@pytest.mark.parametrize("weight", [0.02, 0.1, 0.5, 30.0])
+def test_the_arithmetic_corpus_is_sized_to_its_weight_over_a_whole_pass(monkeypatch, tmp_path, weight):
+    """Every document of a mixture is used once a pass, so the generated corpus is cut (or extended) to its weight's
+    share of the whole stream: a fixed size gave ``arithmetic=0.1`` and ``=0.02`` the same ~20% (2026-12-07)."""
+    generate = _fake_arithmetic(monkeypatch, tmp_path, docs=40)
+    out = mixture_documents(f"mixture:drop,squad=3,arithmetic={weight}")
+    arith = [d for d in out if d.startswith("Calculate")]
+    prose = _chars(out) - _chars(arith)
+    want = weight * prose / 4  # the other corpora's characters per unit of their weights (1 + 3)
+    longest = max(len(d) for d in generate(len(arith)))
+    assert want <= _chars(arith) < want + longest  # reached, by less than one document more
+    assert arith == generate(len(arith))  # a prefix of the same stream, past ARITHMETIC_DOCS where it asks more
+    assert len(arith) > 40 if weight == 30.0 else len(arith) < 40
+
+
+def test_the_arithmetic_corpus_alone_keeps_its_fixed_size(monkeypatch, tmp_path):
+    generate = _fake_arithmetic(monkeypatch, tmp_path, docs=12)
+    assert mixture_documents("mixture:arithmetic=2") == generate(12)
