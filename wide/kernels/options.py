@@ -76,7 +76,10 @@ class KernelOptions:
     layer's attention, then need no norm or router launch of their own, and the next layer's q projection knows its
     mask before it starts (`wide.modeling.fused_residual`). H200 2026-12-03 profiles (batch 1, µs a layer, against
     `decode_qkv` + `decode_residual`): SmolLM2 shape 46.1 → 41.9, 8B 149.6 → 145.1, Qwen 74.6 → 75.4 (the epilogue's
-    serial norm and router tail); the 8B step end to end unchanged (3.54 → 3.56 ms). Off."""
+    serial norm and router tail); the 8B step end to end unchanged (3.54 → 3.56 ms). H100 2026-12-07, with
+    `router_prefetch`, low-rank routers at the 8B shape: batch 1 at 50% 1.55x → 1.61x, at 75% 2.08x → 2.26x; but
+    Qwen2.5-1.5B with its trained routers (26% of the attention groups skipped) 1.35x → 1.31x. Off: the one trained
+    model measured loses."""
 
     attn_pack: bool = False
     """Prefill attention packs a unit's query heads into as many tile rows (``AttentionConfig.pack``) instead of a
