@@ -140,3 +140,16 @@ def test_the_arithmetic_corpus_is_sized_to_its_weight_over_a_whole_pass(monkeypa
 def test_the_arithmetic_corpus_alone_keeps_its_fixed_size(monkeypatch, tmp_path):
     generate = _fake_arithmetic(monkeypatch, tmp_path, docs=12)
     assert mixture_documents("mixture:arithmetic=2") == generate(12)
+
+
+def test_a_mixture_reports_each_corpus_share_of_a_pass_beside_its_weight(monkeypatch, tmp_path, caplog):
+    """The weights order the stream; the shares a fit trains on are the corpora's sizes (and the sized arithmetic)."""
+    import logging
+
+    _fake_arithmetic(monkeypatch, tmp_path)
+    with caplog.at_level(logging.INFO):
+        out = mixture_documents("mixture:drop,squad=3,arithmetic=0.4")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("wide mixture:"))
+    drop, squad = (_chars(out, k) / _chars(out) for k in ("drop", "squad"))
+    assert f"drop {drop:.1%} (weight {1 / 4.4:.1%})" in line and f"squad {squad:.1%} (weight {3 / 4.4:.1%})" in line
+    assert "arithmetic " in line and "every document is used once a pass" in line

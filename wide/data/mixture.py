@@ -126,7 +126,21 @@ def mixture_documents(source: str) -> list[str]:
     corpora = {name: [d for d in documents(name) if d not in held_out] for name in weights if name not in SYNTHETIC}
     if "arithmetic" in weights:
         corpora["arithmetic"] = sized_arithmetic(weights, corpora)
-    return interleave({name: corpora[name] for name in weights}, weights)  # (the mixture's order breaks ties)
+    corpora = {name: corpora[name] for name in weights}  # (the mixture's order breaks ties)
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(describe_shares(corpora, weights))
+    return interleave(corpora, weights)
+
+
+def describe_shares(corpora: dict[str, list[str]], weights: dict[str, float]) -> str:
+    """One line: each corpus's share of a pass's characters next to its weight's share (what a run trains on unless
+    a ``max_train_tokens`` budget ends the stream before a corpus runs out)."""
+    chars = {name: sum(len(d) for d in docs) for name, docs in corpora.items()}
+    total, wsum = sum(chars.values()) or 1, sum(weights.values())
+    parts = ", ".join(f"{name} {chars[name] / total:.1%} (weight {weights[name] / wsum:.1%})" for name in corpora)
+    return (f"wide mixture: characters of a pass: {parts}; the weights order the stream, every document is used "
+            "once a pass")
 
 
 def sized_arithmetic(weights: dict[str, float], corpora: dict[str, list[str]]) -> list[str]:
