@@ -146,7 +146,8 @@
 #                 asset chunks arrive: the 8B shape's decode rows (random routers, 0 / 50 / 75%, batch 1 / 4 / 16, per token
 #                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
 #                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench;
-#                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) before the fit
+#                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) and TABLE23_ROUTE_AB=1 the decode_route A/B
+#                 before the fit; TABLE23_BENCH=0 leaves out the 8B rows and profile
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s

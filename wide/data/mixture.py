@@ -23,7 +23,7 @@ format `wide eval`'s arithmetic metric scores, none of its scored questions (`wi
 arithmetic`` writes the same text to a file). Being generated, it is **sized to its weight**: its characters are
 the weight times the named corpora's characters per unit of their weights, so its share holds over every pass, not
 only in the prefix (`sized_arithmetic`). ``arithmetic=0.1`` beside the five corpora at 1 is 2% of the characters
-and, as Qwen2.5's and SmolLM2's tokenizers split digits one by one, about 6% of the tokens. Alone in a mixture it is
+and, as Qwen2.5's and SmolLM2's tokenizers split digits one by one, about 5% of the tokens. Alone in a mixture it is
 :data:`ARITHMETIC_DOCS` documents. A model calibrated with it is evaluated in distribution on arithmetic.
 
 The default corpus's held-out documents (`wide.data.corpus.default_corpus_split`, which `wide eval` scores
