@@ -147,7 +147,8 @@
 #                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
 #                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench;
 #                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) and TABLE23_ROUTE_AB=1 the decode_route A/B
-#                 before the fit; TABLE23_BENCH=0 leaves out the 8B rows and profile
+#                 before the fit (JOINT_ROUTE_AB=1: the trained Qwen's batch-1 row with it too); TABLE23_BENCH=0 leaves
+#                 out the 8B rows and profile
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
@@ -885,6 +886,10 @@ _joint)
   [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINTNEXT_PREFETCH:-0}" = 1 ] && timeout 400 $W bench \
     --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 \
     --kernel-option router_prefetch=1 --json /tmp/res/${g}_bench_prefetch1.json > /tmp/res/${g}_bench_prefetch1.md 2>&1
+  # (JOINT_ROUTE_AB=1: the batch-1 row again with KernelOptions.decode_route on, the trained routers' A/B of issue 23)
+  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINT_ROUTE_AB:-0}" = 1 ] && timeout 300 $W bench \
+    --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --decode-batch 1 --kernel-option decode_route=1 \
+    --json /tmp/res/${g}_bench_route1.json > /tmp/res/${g}_bench_route1.md 2>&1
   echo JOINT_DONE
   ;;
 _jointnext)
