@@ -150,6 +150,7 @@
 #                 before the fit (JOINT_ROUTE_AB=1: the trained Qwen's batch-1 row with it too); TABLE23_BENCH=0 leaves
 #                 out the 8B rows and profile
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
+#   route23q      [synchronous, ~4 min] table23's decode_route A/B alone in one call (carry .whl only), everything to $OUT
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -1001,6 +1002,14 @@ col23q)
   for lay in row column; do timeout 100 python3 benchmarks/with_configs.py $best wide.cli bench --fuse-glue --prefill \
     --sparsity 0.5 --decode-batch 1 --weight-layout $lay --json $OUT/bench8b_$lay.json > $OUT/bench8b_$lay.md 2>&1
     grep -i "decode\|error" $OUT/bench8b_$lay.md | head -8; done
+  ;;
+route23q)  # [synchronous, ~4 min] issue 23's decode_route decision in one call, for a session with little device time
+  # left: the 8B shape's batch-1 decode at 50 / 75% with low-rank routers, decode_route off / on; everything to $OUT
+  install_wheels || exit 1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+  for v in 0 1; do timeout 150 $W bench --fuse-glue --router lowrank --prefill --sparsity 0.5 0.75 --decode-batch 1 \
+    --kernel-option decode_route=$v --json $OUT/bench8b_route$v.json > $OUT/bench8b_route$v.md 2>&1
+    grep -i "^| decode\|error" $OUT/bench8b_route$v.md; done
   ;;
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
