@@ -174,6 +174,11 @@ W="python3 -m wide.cli"
 # a detached job runs from its own copy of the tree: a later call re-copies the working tree under it (a grid cell
 # lost its recipe file that way on 2026-12-02)
 install_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; }
+# issue 23's decode_route A/B (table23, route23q): the 8B shape's batch-1 decode with low-rank routers at 50 / 75%, off /
+# on, into DIR/bench8b_route{0,1}.{json,md}; TIMEOUT seconds a side
+route_ab() { for v in 0 1; do timeout "$2" $W bench --fuse-glue --router lowrank --prefill --sparsity 0.5 0.75 \
+  --decode-batch 1 --kernel-option decode_route=$v --json "$1/bench8b_route$v.json" > "$1/bench8b_route$v.md" 2>&1
+  grep -i "^| decode\|error" "$1/bench8b_route$v.md"; done; }
 detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
@@ -959,9 +964,7 @@ _table23)
   fi
   # (TABLE23_ROUTE_AB=1: batch-1 decode with low-rank routers at 50 / 75%, decode_route off / on: the fused norm +
   # router epilogue lets q skip the heads no row runs, which pays more at 75%)
-  [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && for v in 0 1; do timeout 200 $W bench --fuse-glue --router lowrank --prefill \
-    --sparsity 0.5 0.75 --decode-batch 1 --kernel-option decode_route=$v --json /tmp/res/bench8b_route$v.json \
-    > /tmp/res/bench8b_route$v.md 2>&1; grep "^| decode" /tmp/res/bench8b_route$v.md; done
+  [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && route_ab /tmp/res 200
   # (TABLE23_KERNELS=1: issue 25's kernel table too, --quick, from the same tree)
   [ "${TABLE23_KERNELS:-0}" = 1 ] && timeout 300 python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json \
     --md /tmp/res/kernels_quick.md > /tmp/res/kernels_quick.log 2>&1
@@ -1007,9 +1010,7 @@ route23q)  # [synchronous, ~4 min] issue 23's decode_route decision in one call,
   # left: the 8B shape's batch-1 decode at 50 / 75% with low-rank routers, decode_route off / on; everything to $OUT
   install_wheels || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-  for v in 0 1; do timeout 150 $W bench --fuse-glue --router lowrank --prefill --sparsity 0.5 0.75 --decode-batch 1 \
-    --kernel-option decode_route=$v --json $OUT/bench8b_route$v.json > $OUT/bench8b_route$v.md 2>&1
-    grep -i "^| decode\|error" $OUT/bench8b_route$v.md; done
+  route_ab $OUT 150
   ;;
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}
