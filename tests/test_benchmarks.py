@@ -498,3 +498,19 @@ def test_decode_rates_runs_on_cpu_and_the_runner_matches_prefill(tiny_model_dir,
     assert len(res["runner"]) == len(res["prefill"]) == len(res["holes"]) == 6
     assert max(abs(a - b) for a, b in zip(res["runner"], res["prefill"])) < 1e-6
     assert res["meta"]["command"]
+
+
+def test_gpu_session_route_ab_runs_both_sides_into_its_folder(tmp_path):
+    """``route_ab DIR TIMEOUT`` (table23 and route23q): one bench per side of ``decode_route``, its table
+    under DIR (``--json`` beside it), its decode rows (or an error) echoed."""
+    stub = tmp_path / "wide.sh"  # stands in for `python3 -m wide.cli`: echoes its decode_route side as a decode row
+    stub.write_text('for a in "$@"; do case $a in decode_route=*) echo "| decode | $a";; esac; done\n')
+    script = _session_functions("route_ab") + f"""
+W="bash {stub}"
+route_ab {tmp_path} 20
+"""
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["|", "decode", "|", "decode_route=0", "|", "decode", "|", "decode_route=1"]
+    for v in (0, 1):
+        assert (tmp_path / f"bench8b_route{v}.md").read_text() == f"| decode | decode_route={v}\n"
