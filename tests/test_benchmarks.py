@@ -500,17 +500,37 @@ def test_decode_rates_runs_on_cpu_and_the_runner_matches_prefill(tiny_model_dir,
     assert res["meta"]["command"]
 
 
-def test_gpu_session_route_ab_runs_both_sides_into_its_folder(tmp_path):
-    """``route_ab DIR TIMEOUT`` (table23 and route23q): one bench per side of ``decode_route``, its table
-    under DIR (``--json`` beside it), its decode rows (or an error) echoed."""
-    stub = tmp_path / "wide.sh"  # stands in for `python3 -m wide.cli`: echoes its decode_route side as a decode row
-    stub.write_text('for a in "$@"; do case $a in decode_route=*) echo "| decode | $a";; esac; done\n')
+def test_gpu_session_route_ab_runs_every_side_into_its_folder(tmp_path):
+    """``route_ab DIR TIMEOUT`` (table23 and route23q): one bench per side of ``decode_route`` (off, on, on for the FFN
+    side only), its table under DIR (``--json`` beside it), its decode rows (or an error) echoed."""
+    stub = tmp_path / "wide.sh"  # stands in for `python3 -m wide.cli`: echoes its decode_route options as a decode row
+    stub.write_text('r=""; for a in "$@"; do case $a in decode_route*) r="$r $a";; esac; done; echo "| decode |$r"\n')
     script = _session_functions("route_ab") + f"""
 W="bash {stub}"
 route_ab {tmp_path} 20
 """
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["|", "decode", "|", "decode_route=0", "|", "decode", "|", "decode_route=1"]
-    for v in (0, 1):
-        assert (tmp_path / f"bench8b_route{v}.md").read_text() == f"| decode | decode_route={v}\n"
+    sides = {"0": "decode_route=0", "1": "decode_route=1", "f": "decode_route=1 decode_route_attn=0"}
+    assert run.stdout.splitlines() == [f"| decode | {o}" for o in sides.values()]
+    for v, o in sides.items():
+        assert (tmp_path / f"bench8b_route{v}.md").read_text() == f"| decode | {o}\n"
+
+
+def test_gpu_session_route_profiles_name_each_shape_and_side(tmp_path):
+    """``route_profiles DIR TIMEOUT``: a profile per shape and side, each under DIR with the options it ran with."""
+    fake = tmp_path / "benchmarks"
+    fake.mkdir()
+    (fake / "profile_decode.py").write_text("import sys; print('wall', ' '.join(sys.argv[1:]))\n")
+    script = _session_functions("route_profiles") + f"""
+cd {tmp_path}
+route_profiles {tmp_path} 20
+"""
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert len(run.stdout.splitlines()) == 6
+    for shape in ("qwen2.5-1.5b", "llama-8b"):
+        for v, o in {"0": "decode_route=0", "1": "decode_route=1",
+                     "f": "decode_route=1 --kernel-option decode_route_attn=0"}.items():
+            text = (tmp_path / f"profile_{shape}_route{v}.txt").read_text()
+            assert f"--shape {shape} " in text and text.rstrip().endswith(f"--kernel-option {o}")

@@ -58,6 +58,27 @@ def test_batch1_decode_routes_in_the_epilogues(arch, qkv, counts):
     assert on[2] == off[2]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_ffn_side_only_leaves_the_attention_router_its_own_launch(arch, counts):
+    """``decode_route_attn=0``: only ``o_proj`` routes (the FFN norm and router); every layer's attention router
+    decides on its own, as without `decode_route`, with the same logits."""
+    model = _routed(arch)
+    layers = model.config.num_hidden_layers
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(5))
+    steps = 3
+    with use_kernel_options(decode_qkv=True, decode_residual=True):
+        off = _static_steps(model, ids, steps)
+        decided = counts["decide"]
+        with use_kernel_options(decode_route=True, decode_route_attn=False):
+            on = _static_steps(model, ids, steps)
+    assert counts["route"] == steps * layers
+    assert counts["decide"] - decided == 2 * layers + steps * layers
+    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(on[1], off[1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert on[2] == off[2]
+
+
 def test_batches_and_prefill_keep_the_separate_launches(counts):
     model = _routed("llama")
     ids = torch.randint(3, 96, (3, 6), generator=torch.Generator().manual_seed(2))
@@ -90,15 +111,22 @@ def test_triton_interpreter_matches_the_unfused_layers():
                               dict(decode_route=True), layers=3)
 
 
+def test_triton_interpreter_ffn_side_only_matches_the_unfused_layers():
+    """The same with ``decode_route_attn=0``: the FFN side fused, the attention router on its own launch."""
+    interpreted_options_match(("qwen2",), (1,), dict(decode_residual=True, decode_qkv=True),
+                              dict(decode_route=True, decode_route_attn=False), layers=3)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
-def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout):
+@pytest.mark.parametrize("attn", [True, False], ids=["both-sides", "ffn-side"])
+def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout, attn):
     model, ids, feed = gpu_routed(arch, layout, 1, seed=7)
     with use_kernel_options(decode_residual=True):
         off = _static_steps(model, ids, 4, feed)
         tokens_off = wide.generate(model, ids, max_new_tokens=8)
-        with use_kernel_options(decode_route=True):
+        with use_kernel_options(decode_route=True, decode_route_attn=attn):
             on = _static_steps(model, ids, 4, feed)
             tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue captured
     torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)

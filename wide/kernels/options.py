@@ -81,6 +81,16 @@ class KernelOptions:
     Qwen2.5-1.5B with its trained routers (26% of the attention groups skipped) 1.35x → 1.31x. Off: the one trained
     model measured loses."""
 
+    decode_route_attn: bool = True
+    """With `decode_route`, ``down_proj``'s launch also writes the next layer's ``input_layernorm`` output and
+    attention decisions; ``False`` fuses only the FFN side (``o_proj``'s launch writes the FFN norm and decisions)
+    and leaves the attention norm and router to their own launches, the router on its side stream beside
+    `decode_qkv`'s k / v as without `decode_route`. Why a switch: the FFN router sits on the critical path between
+    ``o_proj`` and the SwiGLU, so fusing it saves a serial launch, while the attention router overlaps on its side
+    stream, so fusing it pays only through the q heads `decode_qkv` may then skip, against a serial norm + router tail
+    in the epilogue. The H200 profile of 2026-12-03 put that trade at a loss on Qwen2.5-1.5B's shape (12 q heads in two
+    groups: 4.7 MB of q) and a gain on the 8B shape (33.5 MB of q). Not measured yet with ``False``."""
+
     attn_pack: bool = False
     """Prefill attention packs a unit's query heads into as many tile rows (``AttentionConfig.pack``) instead of a
     power of two: with 3 heads a unit (SmolLM2-135M) or 6 (Qwen2.5-1.5B) a quarter of every tile was dead padding,

@@ -12,8 +12,9 @@ before. Everything else calls the layer's own forward.
 With `KernelOptions.decode_route` too, a batch-1 step goes one further (`closing_gemm`): ``o_proj``'s launch also
 writes ``post_attention_layernorm``'s output and the FFN router's decisions, and ``down_proj``'s the next routed
 layer's ``input_layernorm`` output and attention decisions (`wide.kernels.gemm_k_route`), so neither norm nor router
-launches on its own (`wide.modeling.normroute.hand_over`, `WideLayer.prerouted`). A norm or router that does not
-qualify (`wide.modeling.normroute.route_weights`) runs as before.
+launches on its own (`wide.modeling.normroute.hand_over`, `WideLayer.prerouted`); with `decode_route_attn` off
+only ``o_proj``'s does, and the next layer's attention norm and router launch as before. A norm or router that does
+not qualify (`wide.modeling.normroute.route_weights`) runs as before.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs):
     residual = h
     h = self.post_attention_layernorm(h)
     wl.pending_residual["ffn"] = residual
-    if route and nxt is not None:  # down_proj may run the next layer's attention norm and router too
+    if route and nxt is not None and kernel_options().decode_route_attn:  # down_proj: the next attention's too
         wl.pending_route["ffn"] = (nxt[0], nxt[1], "attn")
     try:
         h = self.mlp(h)
