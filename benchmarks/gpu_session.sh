@@ -147,13 +147,14 @@
 #                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
 #                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench;
 #                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) and TABLE23_ROUTE_AB=1 the decode_route A/B
-#                 and its profiles (off / on / FFN side only) before the fit (JOINT_ROUTE_AB=1: the trained Qwen's batch-1
-#                 row on and FFN side only too); TABLE23_BENCH=0 leaves
+#                 and its profiles (route_side's five sides) before the fit (JOINT_ROUTE_AB=1: the trained Qwen's batch-1
+#                 row with the four "on" sides too); TABLE23_BENCH=0 leaves
 #                 out the 8B rows and profile
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
-#   route23q      [synchronous, ~6 min] table23's decode_route A/B alone in one call (carry .whl only), everything to $OUT
-#   routeprof23   [synchronous, ~4 min] the A/B's three sides (off / on / FFN side only) as batch-1 profiles of the
-#                 Qwen2.5-1.5B and 8B shapes (low-rank routers; carry .whl only), everything to $OUT
+#   route23q      [synchronous, ~7 min] table23's decode_route A/B alone in one call (carry .whl only; sides "0 1 w fw"
+#                 of route_side: off, on, on with the warm tail, and that for the FFN side only), everything to $OUT
+#   routeprof23   [synchronous, ~5 min] the same sides as batch-1 profiles of the Qwen2.5-1.5B and 8B shapes (low-rank
+#                 routers; carry .whl only), everything to $OUT
 #   status        log tails; results packed into $OUT/results.tgz
 # Keep a call in flight while a detached stage runs (`sleep 170; status` back to back): the machine goes back 30 s
 # after a call ends, and the stages die with it (2026-12-02: a Qwen grid lost that way). It can also be replaced
@@ -177,19 +178,23 @@ W="python3 -m wide.cli"
 # a detached job runs from its own copy of the tree: a later call re-copies the working tree under it (a grid cell
 # lost its recipe file that way on 2026-12-02)
 install_wheels() { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl; }
-# issue 23's decode_route A/B (table23, route23q): the 8B shape's batch-1 decode with low-rank routers at 50 / 75%, off
-# (0), on (1) and on for the FFN side only (f: decode_route_attn=0), into DIR/bench8b_route{0,1,f}.{json,md}; TIMEOUT
-# seconds a side
-route_ab() { local v o; for v in 0 1 f; do o="decode_route=$v"; [ $v = f ] && o="decode_route=1 --kernel-option decode_route_attn=0"
-  timeout "$2" $W bench --fuse-glue --router lowrank --prefill --sparsity 0.5 0.75 --decode-batch 1 --kernel-option $o \
-    --json "$1/bench8b_route$v.json" > "$1/bench8b_route$v.md" 2>&1
+# issue 23's decode_route A/B sides: route_side SIDE prints its --kernel-option values (0: off; 1: on; f: on for the FFN
+# side only, decode_route_attn=0; w: on with the warm tail, route_warm=1; fw: both)
+route_side() { case $1 in 0|1) echo "decode_route=$1";; f) echo "decode_route=1 --kernel-option decode_route_attn=0";;
+  w) echo "decode_route=1 --kernel-option route_warm=1";;
+  fw) echo "decode_route=1 --kernel-option decode_route_attn=0 --kernel-option route_warm=1";; esac; }
+# (table23, route23q): the 8B shape's batch-1 decode with low-rank routers at 50 / 75%, one bench per side of
+# ROUTE_SIDES (default "0 1 f w fw") into DIR/bench8b_route<side>.{json,md}; TIMEOUT seconds a side
+route_ab() { local v; for v in ${ROUTE_SIDES:-0 1 f w fw}; do
+  timeout "$2" $W bench --fuse-glue --router lowrank --prefill --sparsity 0.5 0.75 --decode-batch 1 \
+    --kernel-option $(route_side $v) --json "$1/bench8b_route$v.json" > "$1/bench8b_route$v.md" 2>&1
   grep -i "^| decode\|error" "$1/bench8b_route$v.md"; done; }
-# the same three sides as batch-1 graph-replay profiles (low-rank routers, 50%, 8 layers) of the Qwen2.5-1.5B and 8B
-# shapes, into DIR/profile_<shape>_route{0,1,f}.txt; TIMEOUT seconds a profile
-route_profiles() { local s v o; for s in qwen2.5-1.5b llama-8b; do for v in 0 1 f; do o="decode_route=$v"
-  [ $v = f ] && o="decode_route=1 --kernel-option decode_route_attn=0"
+# the same sides as batch-1 graph-replay profiles (low-rank routers, 50%, 8 layers) of the Qwen2.5-1.5B and 8B
+# shapes, into DIR/profile_<shape>_route<side>.txt; TIMEOUT seconds a profile
+route_profiles() { local s v; for s in qwen2.5-1.5b llama-8b; do for v in ${ROUTE_SIDES:-0 1 f w fw}; do
   timeout "$2" python3 benchmarks/profile_decode.py --shape $s --batch 1 --router lowrank --sparsity 0.5 --top 16 \
-    --kernel-option $o > "$1/profile_${s}_route$v.txt" 2>&1; echo "$s $v: $(grep -i "wall\|error" "$1/profile_${s}_route$v.txt" | head -3)"; done; done; }
+    --kernel-option $(route_side $v) > "$1/profile_${s}_route$v.txt" 2>&1
+  echo "$s $v: $(grep -i "wall\|error" "$1/profile_${s}_route$v.txt" | head -3)"; done; done; }
 detach() { rm -rf "/tmp/tree_$1"; mkdir -p "/tmp/tree_$1"; tar cf - --exclude=./.device --exclude=./.whl --exclude=./runs . \
   | tar xf - -C "/tmp/tree_$1"; ( cd "/tmp/tree_$1" && setsid nohup bash benchmarks/gpu_session.sh "_$1" \
   > "/tmp/logs/$1.log" 2>&1 < /dev/null & ); echo "started $1 in /tmp/tree_$1"; }
@@ -904,11 +909,10 @@ _joint)
     --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --coherent --prefill 4096 --decode-batch 1 4 16 \
     --kernel-option router_prefetch=1 --json /tmp/res/${g}_bench_prefetch1.json > /tmp/res/${g}_bench_prefetch1.md 2>&1
   # (JOINT_ROUTE_AB=1: the batch-1 row again with KernelOptions.decode_route on, the trained routers' A/B of issue 23)
-  # (and with the FFN side only, decode_route_attn=0: the Qwen shape's q heads are few to skip)
-  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINT_ROUTE_AB:-0}" = 1 ] && for v in 1 f; do o="decode_route=1"
-    [ $v = f ] && o="decode_route=1 --kernel-option decode_route_attn=0"; timeout 300 $W bench --model qwen2.5-1.5b \
-      --checkpoint "$ck" --fuse-glue --decode-batch 1 --kernel-option $o \
-      --json /tmp/res/${g}_bench_route$v.json > /tmp/res/${g}_bench_route$v.md 2>&1; done
+  # (and the other sides of route_side: the Qwen shape's q heads are few to skip, its epilogue tail long)
+  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINT_ROUTE_AB:-0}" = 1 ] && for v in 1 f w fw; do
+    timeout 300 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --decode-batch 1 \
+      --kernel-option $(route_side $v) --json /tmp/res/${g}_bench_route$v.json > /tmp/res/${g}_bench_route$v.md 2>&1; done
   echo JOINT_DONE
   ;;
 _jointnext)
@@ -1024,12 +1028,12 @@ route23q)  # [synchronous, ~6 min] issue 23's decode_route decision in one call,
   # everything to $OUT
   install_wheels || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-  route_ab $OUT 150
+  ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_ab $OUT 130
   ;;
-routeprof23)  # [synchronous, ~4 min] route23q's three sides as batch-1 profiles of the Qwen2.5-1.5B and 8B shapes
+routeprof23)  # [synchronous, ~5 min] route23q's sides as batch-1 profiles of the Qwen2.5-1.5B and 8B shapes
   install_wheels || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-  route_profiles $OUT 90
+  ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_profiles $OUT 60
   ;;
 _narrow25)
   export CUDA_VISIBLE_DEVICES=${BENCH_GPU:-$(( $(nvidia-smi -L | wc -l) - 1 ))}

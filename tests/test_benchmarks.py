@@ -85,7 +85,7 @@ def _session_functions(*names: str) -> str:
         keep = keep or any(line.startswith(f"{n}() {{") for n in names)
         if keep:
             out.append(line)
-            keep = not line.endswith("done; }")
+            keep = not line.endswith(("done; }", "esac; }"))
     return "\n".join(out) + "\n"
 
 
@@ -500,21 +500,29 @@ def test_decode_rates_runs_on_cpu_and_the_runner_matches_prefill(tiny_model_dir,
     assert res["meta"]["command"]
 
 
+SIDES = {"0": "decode_route=0", "1": "decode_route=1", "f": "decode_route=1 decode_route_attn=0",
+         "w": "decode_route=1 route_warm=1", "fw": "decode_route=1 decode_route_attn=0 route_warm=1"}
+
+
 def test_gpu_session_route_ab_runs_every_side_into_its_folder(tmp_path):
-    """``route_ab DIR TIMEOUT`` (table23 and route23q): one bench per side of ``decode_route`` (off, on, on for the FFN
-    side only), its table under DIR (``--json`` beside it), its decode rows (or an error) echoed."""
-    stub = tmp_path / "wide.sh"  # stands in for `python3 -m wide.cli`: echoes its decode_route options as a decode row
-    stub.write_text('r=""; for a in "$@"; do case $a in decode_route*) r="$r $a";; esac; done; echo "| decode |$r"\n')
-    script = _session_functions("route_ab") + f"""
+    """``route_ab DIR TIMEOUT`` (table23 and route23q): one bench per side of ``decode_route`` (`route_side`: off, on,
+    on for the FFN side only, with the warm tail, both), its table under DIR (``--json`` beside it), its decode rows
+    (or an error) echoed; ``ROUTE_SIDES`` picks sides."""
+    stub = tmp_path / "wide.sh"  # stands in for `python3 -m wide.cli`: echoes its kernel options as a decode row
+    stub.write_text('r=""; for a in "$@"; do case $a in *=*) r="$r $a";; esac; done; echo "| decode |$r"\n')
+    script = _session_functions("route_side", "route_ab") + f"""
 W="bash {stub}"
 route_ab {tmp_path} 20
+ROUTE_SIDES="0 w" route_ab {tmp_path}/two 20
 """
+    (tmp_path / "two").mkdir()
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    sides = {"0": "decode_route=0", "1": "decode_route=1", "f": "decode_route=1 decode_route_attn=0"}
-    assert run.stdout.splitlines() == [f"| decode | {o}" for o in sides.values()]
-    for v, o in sides.items():
+    rows = [f"| decode | {o}" for o in SIDES.values()]
+    assert run.stdout.splitlines() == rows + [rows[0], rows[3]]
+    for v, o in SIDES.items():
         assert (tmp_path / f"bench8b_route{v}.md").read_text() == f"| decode | {o}\n"
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["bench8b_route0.md", "bench8b_routew.md"]
 
 
 def test_gpu_session_route_profiles_name_each_shape_and_side(tmp_path):
@@ -522,15 +530,15 @@ def test_gpu_session_route_profiles_name_each_shape_and_side(tmp_path):
     fake = tmp_path / "benchmarks"
     fake.mkdir()
     (fake / "profile_decode.py").write_text("import sys; print('wall', ' '.join(sys.argv[1:]))\n")
-    script = _session_functions("route_profiles") + f"""
+    script = _session_functions("route_side", "route_profiles") + f"""
 cd {tmp_path}
 route_profiles {tmp_path} 20
 """
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert len(run.stdout.splitlines()) == 6
+    assert len(run.stdout.splitlines()) == 2 * len(SIDES)
     for shape in ("qwen2.5-1.5b", "llama-8b"):
-        for v, o in {"0": "decode_route=0", "1": "decode_route=1",
-                     "f": "decode_route=1 --kernel-option decode_route_attn=0"}.items():
+        for v, o in SIDES.items():
             text = (tmp_path / f"profile_{shape}_route{v}.txt").read_text()
-            assert f"--shape {shape} " in text and text.rstrip().endswith(f"--kernel-option {o}")
+            assert f"--shape {shape} " in text
+            assert text.split("--kernel-option", 1)[1].replace("--kernel-option", "").split() == o.split()

@@ -10,7 +10,7 @@ from wide.kernels.triton import attention, coherent, gemm_k, gemm_mn, partition,
 from wide.kernels.triton import decode_qkv as qkv_mod
 from wide.kernels.triton import experts as experts_mod
 from wide.kernels.experts import ExpertLayout
-from wide.kernels.options import KernelOptions
+from wide.kernels.options import KernelOptions, use_kernel_options
 from wide.kernels.triton.common import GemmConfig, for_element_size
 
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB); more fails at launch
@@ -274,6 +274,11 @@ case("gemm_k", "gemm_k o_proj M=16 residual", gk, 16, H, H, HQ // 4, residual=Tr
 case("gemm_k", "gemm_k down_proj M=1 residual + route", gk, 1, H, I, I // 128, x_masked=True, route=True)
 case("gemm_k", "gemm_k o_proj M=1 residual + route, no split", gk, 1, H, H, HQ // 4, route=True,
      cfg=GemmConfig(1, 32, 128, 8, 4, split_k=1))
+with use_kernel_options(route_warm=True):  # the tail's operands warmed early (KernelOptions.route_warm)
+    case("gemm_k", "gemm_k down_proj M=1 residual + route, warm tail", gk, 1, H, I, I // 128, x_masked=True,
+         route=True)
+    case("gemm_k", "gemm_k o_proj M=1 residual + route, warm tail, no split", gk, 1, H, H, HQ // 4, route=True,
+         cfg=GemmConfig(1, 32, 128, 8, 4, split_k=1))
 for M in (1, 16):  # column-major weights (gemm_k.COLMAJOR_DECODE), listed and affine; one row with the route epilogue
     case("gemm_k", f"gemm_k column-major down_proj M={M}", gk, M, H, I, I // 128, x_masked=True, colmajor=True)
     case("gemm_k", f"gemm_k column-major o_proj M={M}", gk, M, H, H, HQ // 4, residual=True, colmajor=True)

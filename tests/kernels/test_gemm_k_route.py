@@ -98,3 +98,38 @@ def test_rows_past_one_take_the_reference(caplog):
     assert not ok and "rows" in why
     h, y, dec = wk.gemm_k_route(x3, w, mask3, res3.contiguous(), nw, 1e-5, *r, backend="triton")
     assert h.shape == (3, 1, 40) and dec.shape == (3, 1, 7)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(1, 16, 16, split_k=3), GemmConfig(1, 32, 16, split_k=2, variant="local"),
+                                 GemmConfig(1, 16, 16)], ids=["split3", "local", "no-split"])
+@pytest.mark.parametrize("N, rank, up, bias", [(40, 8, True, True), (1500, 100, True, False), (72, 8, False, True)])
+def test_warm_tail_gives_the_same_bits(cfg, N, rank, up, bias, monkeypatch):
+    """`KernelOptions.route_warm`: the tail's operands loaded early by every program (a store that never runs
+    consumes them) and the norm in 2048-wide chunks (N = 1500: one trip instead of two) change no bit of ``h``,
+    the norm's output or the decisions; the launch takes the warm constexprs."""
+    from wide.kernels import use_kernel_options
+    from wide.kernels.triton import gemm_k as host
+
+    gen = torch.Generator().manual_seed(N + rank)
+    x, w, mask, res, nw, r = _inputs(gen, 64, 4, N, rank, torch.float16, up=up, bias=bias)
+    y_before = torch.zeros(N)
+    with use_kernel_options(route_warm=False):
+        cold = host.gemm_k_route(x, w, mask, res, nw, 1e-5, *r, True, 1e-6, config=cfg)
+    seen = []
+    real = host._gemm_k_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                seen.append({n: k[n] for n in ("R_WARM", "BLOCK_D", "BLOCK_W")})
+                return real[grid](*a, **k)
+            return launch
+
+    monkeypatch.setattr(host, "_gemm_k_kernel", Spy())
+    with use_kernel_options(route_warm=True):
+        warm = host.gemm_k_route(x, w, mask, res, nw, 1e-5, *r, True, 1e-6, config=cfg)
+    assert seen and seen[0]["R_WARM"] and seen[0]["BLOCK_D"] == min(2048, 1 << (N - 1).bit_length())
+    for a, b in zip(warm, cold):
+        assert torch.equal(a, b)
+    _check(warm, x, w, mask, res, nw, r)
+    assert not torch.equal(y_before, warm[1].float().cpu())

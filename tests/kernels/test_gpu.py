@@ -272,6 +272,33 @@ def test_router_margin(rows, wdtype, kind):
     assert torch.equal(decided[clear], (ref >= 0)[clear])
 
 
+@pytest.mark.parametrize("N, K, groups, G", [(4096, 4096, 8, 112), (4096, 14336, 112, 8), (1536, 1536, 2, 70),
+                                              (1536, 8960, 70, 2)], ids=["8b-o", "8b-down", "qwen-o", "qwen-down"])
+def test_route_warm_same_bits_on_the_gpu(N, K, groups, G):
+    """`KernelOptions.route_warm` at the 8B and Qwen2.5-1.5B decode shapes (bf16, fp32 low-rank router of rank 32, the
+    default configs): the warm loads and the 2048-wide norm chunks change no bit of ``h``, the norm's output or the
+    decisions, over replays (the counters reset)."""
+    torch.manual_seed(N + K)
+    x = torch.randn(1, 1, K, device=DEV).to(torch.bfloat16)
+    w = (torch.randn(N, K, device=DEV) * K**-0.5).to(torch.bfloat16)
+    mask = _mask((1, 1, groups), 0.5, seed=groups)
+    res = torch.randn(1, 1, N, device=DEV).to(torch.bfloat16)
+    nw = (1 + 0.3 * torch.randn(N, device=DEV)).to(torch.bfloat16)
+    down, up, bias = torch.randn(32, N, device=DEV) * N**-0.5, torch.randn(G, 32, device=DEV) * 0.35, \
+        torch.randn(G, device=DEV) * 0.1
+    out = {}
+    for on in (False, True, True):
+        with wk.use_kernel_options(route_warm=on):
+            got = wk.gemm_k_route(x, w, mask, res, nw, 1e-5, down, up, bias, normalize=True, backend="triton")
+        torch.cuda.synchronize()
+        if on in out:
+            for a, b in zip(got, out[on]):
+                assert torch.equal(a, b), "a second warm launch (a replay's) gives the same bits"
+        out[on] = got
+    for a, b in zip(out[True], out[False]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("rows,G", [(1, 224), (1, 140), (16, 224), (4, 8)])
 def test_router_prefetch_same_results_on_the_gpu(rows, G):
     """`KernelOptions.router_prefetch` on the GPU (bf16 routers, the 8B and Qwen FFN group counts) against the

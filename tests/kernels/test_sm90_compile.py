@@ -83,6 +83,7 @@ PATHS = {
         "tl.dot chunk in one group": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] == 0,
         "tl.dot chunk across groups": lambda c: c["BLOCK_M"] > 1 and c["GROUP"] % c["BLOCK_K"] != 0,
         "swapped list": lambda c: c["SWAP"] and c["USE_LIST"], "swapped affine": lambda c: c["SWAP"] and not c["USE_LIST"],
+        "route epilogue, warm tail": lambda c: c["ROUTE"] and c["R_WARM"],
         "split-K, finished in-kernel": lambda c: c["SPLIT"] > 1, "no split-K, bias": lambda c: c["SPLIT"] == 1 and c["HAS_BIAS"],
         "residual": lambda c: c["HAS_RES"] and not c["ROUTE"],
         "route split-K": lambda c: c["ROUTE"] and c["SPLIT"] > 1,

@@ -111,22 +111,26 @@ def test_triton_interpreter_matches_the_unfused_layers():
                               dict(decode_route=True), layers=3)
 
 
-def test_triton_interpreter_ffn_side_only_matches_the_unfused_layers():
-    """The same with ``decode_route_attn=0``: the FFN side fused, the attention router on its own launch."""
+@pytest.mark.parametrize("variant", [dict(decode_route_attn=False), dict(route_warm=True)],
+                         ids=["ffn-side", "warm-tail"])
+def test_triton_interpreter_route_variants_match_the_unfused_layers(variant):
+    """The same with ``decode_route_attn=0`` (the FFN side fused, the attention router on its own launch) and with
+    ``route_warm`` (the epilogue's tail operands loaded early)."""
     interpreted_options_match(("qwen2",), (1,), dict(decode_residual=True, decode_qkv=True),
-                              dict(decode_route=True, decode_route_attn=False), layers=3)
+                              dict(decode_route=True, **variant), layers=3)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch, layout", GPU_LAYOUTS)
-@pytest.mark.parametrize("attn", [True, False], ids=["both-sides", "ffn-side"])
-def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout, attn):
+@pytest.mark.parametrize("variant", [{}, dict(decode_route_attn=False), dict(route_warm=True)],
+                         ids=["both-sides", "ffn-side", "warm-tail"])
+def test_gpu_bf16_route_in_the_epilogue_gives_the_unfused_logits(arch, layout, variant):
     model, ids, feed = gpu_routed(arch, layout, 1, seed=7)
     with use_kernel_options(decode_residual=True):
         off = _static_steps(model, ids, 4, feed)
         tokens_off = wide.generate(model, ids, max_new_tokens=8)
-        with use_kernel_options(decode_route=True, decode_route_attn=attn):
+        with use_kernel_options(decode_route=True, **variant):
             on = _static_steps(model, ids, 4, feed)
             tokens_on = wide.generate(model, ids, max_new_tokens=8)  # CUDA graphs: the epilogue captured
     torch.testing.assert_close(on[0], off[0], rtol=3e-2, atol=3e-2)

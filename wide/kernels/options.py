@@ -91,6 +91,17 @@ class KernelOptions:
     in the epilogue. The H200 profile of 2026-12-03 put that trade at a loss on Qwen2.5-1.5B's shape (12 q heads in two
     groups: 4.7 MB of q) and a gain on the 8B shape (33.5 MB of q). Not measured yet with ``False``."""
 
+    route_warm: bool = False
+    """With `decode_route`, the fused epilogue's serial tail (the row's last tile: the partial sums, the next norm
+    over the written row, the router's second stage) finds its operands in L2: each program of the launch first loads
+    one element of a share of the 128-byte lines the tail reads (the norm's weight, the router's ``up`` and bias, its
+    tile's columns of the router's ``down``; ``evict_last``), consumed by a store that never runs, and the norm runs
+    in 2048-wide chunks instead of 1024 (half the serial trips at the 8B shape's 4096, one at Qwen2.5-1.5B's 1536;
+    the same 64 registers a thread, ptxas for sm_90). Why: the tail's loads come one after another, each a DRAM
+    round trip when cold, and the tail cost about what the router launch it replaces did (H200 profile 2026-12-03:
+    the two fused launches of a Qwen layer 15.2 -> 27.4 us). Same results bit for bit (the loads only warm the
+    cache). Off until measured on a GPU."""
+
     attn_pack: bool = False
     """Prefill attention packs a unit's query heads into as many tile rows (``AttentionConfig.pack``) instead of a
     power of two: with 3 heads a unit (SmolLM2-135M) or 6 (Qwen2.5-1.5B) a quarter of every tile was dead padding,

@@ -299,7 +299,7 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
     elif cfg.variant != "list":  # never read
         glist = nlist = mask
     res = residual if residual is not None else out  # never read without HAS_RES
-    rargs = _route_args(route, out, N, cfg.block_n, mask)
+    rargs = _route_args(route, out, N, cfg.block_n, mask, split)
     _gemm_k_kernel[(tiles, split)](
         x, weight, bias if bias is not None else weight, out, workspace, counters, mask, glist, nlist, res,
         M, N, K, ng,
@@ -313,14 +313,16 @@ def gemm_k_direct(x, weight, bias, out, mask, glist, nlist, group: int, config: 
     return out
 
 
-def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, unused: torch.Tensor) -> dict:
-    """The ``ROUTE`` epilogue's arguments of `_gemm_k_kernel` (pointers stand in where it is off: never read)."""
+def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, unused: torch.Tensor,
+                split: int = 1) -> dict:
+    """The ``ROUTE`` epilogue's arguments of `_gemm_k_kernel` (pointers stand in where it is off: never read);
+    ``split``: the launch's K splits (programs per output tile)."""
     names = ("rdown_ptr", "rup_ptr", "rbias_ptr", "gamma_ptr", "ynorm_ptr", "dec_ptr", "rpart_ptr", "rcnt_ptr", "R",
              "RG", "sdr", "sug", "reps", "neps")
     if route is None:  # (every constexpr given: the sm_90 compile test binds the launch's arguments as passed)
         return dict(zip(names, (out, out, out, out, out, out, out, unused, 0, 0, 0, 0, 0.0, 0.0)), ROUTE=False,
                     R_NORMALIZE=True, R_HAS_UP=False, R_HAS_BIAS=False, BLOCK_R=16, BLOCK_RG=16, BLOCK_T=16,
-                    BLOCK_D=16)
+                    BLOCK_D=16, R_WARM=False, R_GEPL=64, R_UEPL=32, BLOCK_W=16)
     down, up, bias, normalize, eps, gamma, norm_eps, y, dec = route
     if out.shape[0] != 1:
         raise ValueError(f"gemm_k route epilogue: one row, got {out.shape[0]}")
@@ -332,10 +334,22 @@ def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, un
     args = dict(zip(names, (down, up if up is not None else down, bias if bias is not None else down, gamma, y,
                             dec.view(torch.uint8), parts, arrival_counters(out.device, 1, owner="gemm_k_route"), R,
                             G, down.stride(0), up.stride(0) if up is not None else 0, float(eps), float(norm_eps))))
+    # KernelOptions.route_warm: the tail's operands warmed into L2 by the programs' first loads
+    # (`_warm_route_operands`), and the norm in half the trips (2048-wide chunks: at 8 warps the same 64 registers as
+    # 1024 for the 8B and Qwen2.5-1.5B shapes, ptxas for sm_90; 4096 took 72-73 and a fourth of the occupancy)
+    # (a hint only: the lines a program warms never change what the epilogue computes)
+    warm = kernel_options().route_warm
+    weights = up if up is not None else down
+    shared_lines = (triton.cdiv(N * gamma.element_size(), 128)
+                    + (triton.cdiv(G * up.stride(0) * up.element_size(), 128) if up is not None else 0)
+                    + (triton.cdiv(G * weights.element_size(), 128) if bias is not None else 0))
+    programs = tiles * split
     args.update(ROUTE=True, R_NORMALIZE=bool(normalize), R_HAS_UP=up is not None, R_HAS_BIAS=bias is not None,
                 BLOCK_R=block_r, BLOCK_RG=max(16, min(triton.next_power_of_2(G), 4096 // block_r)),
                 BLOCK_T=max(2, min(triton.next_power_of_2(tiles), 4096 // block_r)),
-                BLOCK_D=max(16, min(triton.next_power_of_2(N), 1024)))
+                BLOCK_D=max(16, min(triton.next_power_of_2(N), 2048 if warm else 1024)),
+                R_WARM=warm, R_GEPL=max(1, 128 // gamma.element_size()), R_UEPL=max(1, 128 // weights.element_size()),
+                BLOCK_W=max(16, triton.next_power_of_2(max(triton.cdiv(R, split), triton.cdiv(shared_lines, programs)))))
     return args
 
 

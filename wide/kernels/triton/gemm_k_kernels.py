@@ -106,6 +106,36 @@ def _route_row(y, rn, nvalid, tile_n, NT, N, row_ptr, down_ptr, sdr, up_ptr, sug
 
 
 @triton.jit
+def _warm_route_operands(q, P, pid_s, pid_n, N, R, RG, down_ptr, sdr, up_ptr, sug, bias_ptr, gamma_ptr,
+                         SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, HAS_UP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         GEPL: tl.constexpr, UEPL: tl.constexpr, BLOCK_W: tl.constexpr):
+    """`KernelOptions.route_warm`: loads, at a program's start, one element of each 128-byte line that the ``ROUTE``
+    epilogue's serial tail reads later, so that those lines sit in L2 (``evict_last``) when the tail needs them.
+    Program ``q`` of ``P`` takes lines ``q, q + P, ...`` of the operands only the row's last tile reads (the next
+    norm's weight, ``GEPL`` elements a line; the router's ``up`` and bias, ``UEPL``), and rows ``pid_s, pid_s +
+    SPLIT, ...`` of its own tile's columns of the router's ``down``. Returns a ``[BLOCK_W]`` fp32 vector the caller
+    consumes in a store that never runs (``lane + N < 0``), so the loads stay and nothing waits on them before the end."""
+    l = tl.arange(0, BLOCK_W)
+    j = q + P * l
+    lg = tl.cdiv(N, GEPL)
+    v = tl.load(gamma_ptr + j * GEPL, mask=j < lg, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    ju = j - lg
+    lu = 0
+    if HAS_UP:
+        lu = tl.cdiv(RG * sug, UEPL)
+        v += tl.load(up_ptr + ju * UEPL, mask=(ju >= 0) & (ju < lu), other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+    if HAS_BIAS:
+        jb = ju - lu
+        v += tl.load(bias_ptr + jb * UEPL, mask=(jb >= 0) & (jb < tl.cdiv(RG, UEPL)), other=0.0,
+                     eviction_policy="evict_last").to(tl.float32)
+    r = pid_s + SPLIT * l
+    v += tl.load(down_ptr + r.to(tl.int64) * sdr + pid_n * BLOCK_N, mask=r < R, other=0.0,
+                 eviction_policy="evict_last").to(tl.float32)
+    return v
+
+
+@triton.jit
 def _gemm_k_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, mask_ptr, glist_ptr, nlist_ptr, r_ptr,
     M, N, K, G,
@@ -119,10 +149,16 @@ def _gemm_k_kernel(
     ROUTE: tl.constexpr = False, R_NORMALIZE: tl.constexpr = True, R_HAS_UP: tl.constexpr = False,
     R_HAS_BIAS: tl.constexpr = False, BLOCK_R: tl.constexpr = 16, BLOCK_RG: tl.constexpr = 16,
     BLOCK_T: tl.constexpr = 16, BLOCK_D: tl.constexpr = 16,
+    R_WARM: tl.constexpr = False, R_GEPL: tl.constexpr = 64, R_UEPL: tl.constexpr = 32, BLOCK_W: tl.constexpr = 16,
 ):
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    if ROUTE:
+        if R_WARM:  # the epilogue's tail operands into L2 while the K loop streams the weight
+            warm = _warm_route_operands(pid * SPLIT + pid_s, tl.num_programs(0) * SPLIT, pid_s, pid_n, N, R, RG,
+                                        rdown_ptr, sdr, rup_ptr, sug, rbias_ptr, gamma_ptr, SPLIT, BLOCK_N, R_HAS_UP,
+                                        R_HAS_BIAS, R_GEPL, R_UEPL, BLOCK_W)
 
     CPG: tl.constexpr = GROUP // BLOCK_K  # K chunks per group (list variants only)
     SPAN: tl.constexpr = GROUP % BLOCK_K != 0  # chunks cross group boundaries: per-column decisions
@@ -226,6 +262,9 @@ def _gemm_k_kernel(
             _route_row(y, rn, nvalid, pid_n, tl.cdiv(N, BLOCK_N), N, out_ptr, rdown_ptr, sdr, rup_ptr, sug, rbias_ptr,
                        gamma_ptr, ynorm_ptr, dec_ptr, rpart_ptr, rcnt_ptr, R, RG, reps, neps, R_NORMALIZE, R_HAS_UP,
                        R_HAS_BIAS, BLOCK_R, BLOCK_RG, BLOCK_T, BLOCK_D)
+        if R_WARM:  # consumes the warm loads in a store that never runs (N > 0; opaque to the compiler)
+            w_l = tl.arange(0, BLOCK_W)
+            tl.store(ynorm_ptr + w_l, warm.to(ynorm_ptr.dtype.element_ty), mask=w_l + N < 0)
 
 
 @triton.jit
