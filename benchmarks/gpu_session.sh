@@ -147,8 +147,8 @@
 #                 and coherent), the same at 50% with low-rank routers, the 8B batch-1 profile at 50%; then `_joint`
 #                 (JOINT_CELL, JOINT_STEPS; TABLE23_JOINT=0 skips it) with its eval, dense-prompt eval and Qwen bench;
 #                 TABLE23_KERNELS=1 adds the quick kernel table (issue 25) and TABLE23_ROUTE_AB=1 the decode_route A/B
-#                 and its profiles (route_side's five sides) before the fit (JOINT_ROUTE_AB=1: the trained Qwen's batch-1
-#                 row with the four "on" sides too); TABLE23_BENCH=0 leaves
+#                 (route_side's sides 0 1 w fw; TABLE23_ROUTE_PROF=1 their profiles too) before the fit (JOINT_ROUTE_AB=1:
+#                 the trained Qwen's batch-1 row with sides 1 w fw too); TABLE23_BENCH=0 leaves
 #                 out the 8B rows and profile
 #                 (~6 min before the fit; start it with recv 00, then recv 01..24 back to back, then poll)
 #   route23q      [synchronous, ~7 min] table23's decode_route A/B alone in one call (carry .whl only; sides "0 1 w fw"
@@ -910,7 +910,7 @@ _joint)
     --kernel-option router_prefetch=1 --json /tmp/res/${g}_bench_prefetch1.json > /tmp/res/${g}_bench_prefetch1.md 2>&1
   # (JOINT_ROUTE_AB=1: the batch-1 row again with KernelOptions.decode_route on, the trained routers' A/B of issue 23)
   # (and the other sides of route_side: the Qwen shape's q heads are few to skip, its epilogue tail long)
-  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINT_ROUTE_AB:-0}" = 1 ] && for v in 1 f w fw; do
+  [ "${JOINT_BENCH:-1}" = 1 ] && [ -f "$ck" ] && [ "${JOINT_ROUTE_AB:-0}" = 1 ] && for v in 1 w fw; do
     timeout 300 $W bench --model qwen2.5-1.5b --checkpoint "$ck" --fuse-glue --decode-batch 1 \
       --kernel-option $(route_side $v) --json /tmp/res/${g}_bench_route$v.json > /tmp/res/${g}_bench_route$v.md 2>&1; done
   echo JOINT_DONE
@@ -981,7 +981,9 @@ _table23)
   fi
   # (TABLE23_ROUTE_AB=1: batch-1 decode with low-rank routers at 50 / 75%, decode_route off / on: the fused norm +
   # router epilogue lets q skip the heads no row runs, which pays more at 75%)
-  [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && route_ab /tmp/res 200 && route_profiles /tmp/res 150
+  # (sides "0 1 w fw" of route_side: ~5 min; TABLE23_ROUTE_PROF=1 adds their Qwen / 8B profiles, ~5 min more)
+  [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_ab /tmp/res 200
+  [ "${TABLE23_ROUTE_PROF:-0}" = 1 ] && ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_profiles /tmp/res 90
   # (TABLE23_KERNELS=1: issue 25's kernel table too, --quick, from the same tree)
   [ "${TABLE23_KERNELS:-0}" = 1 ] && timeout 300 python3 benchmarks/kernel_table.py --quick --json /tmp/res/kernels_quick.json \
     --md /tmp/res/kernels_quick.md > /tmp/res/kernels_quick.log 2>&1
