@@ -341,7 +341,7 @@ def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, un
     warm = kernel_options().route_warm
     weights = up if up is not None else down
     shared_lines = (triton.cdiv(N * gamma.element_size(), 128)
-                    + (triton.cdiv(G * up.stride(0) * up.element_size(), 128) if up is not None else 0)
+                    + (triton.cdiv(((G - 1) * up.stride(0) + R) * up.element_size(), 128) if up is not None else 0)
                     + (triton.cdiv(G * weights.element_size(), 128) if bias is not None else 0))
     programs = tiles * split
     args.update(ROUTE=True, R_NORMALIZE=bool(normalize), R_HAS_UP=up is not None, R_HAS_BIAS=bias is not None,

@@ -122,7 +122,7 @@ def _warm_route_operands(q, P, pid_s, pid_n, N, R, RG, down_ptr, sdr, up_ptr, su
     ju = j - lg
     lu = 0
     if HAS_UP:
-        lu = tl.cdiv(RG * sug, UEPL)
+        lu = tl.cdiv((RG - 1) * sug + R, UEPL)  # up's last row ends R elements past its start
         v += tl.load(up_ptr + ju * UEPL, mask=(ju >= 0) & (ju < lu), other=0.0,
                      eviction_policy="evict_last").to(tl.float32)
     if HAS_BIAS:
