@@ -14,7 +14,11 @@ activations and weights, shapes of Llama-3-8B layers) and the default configs (`
 passing the other arguments the way each op's host function (``gemm_mn.gemm_mn``, ...) does. Each recorded launch
 gives the kernel's signature (its parameters bound to the launch's arguments: tensors ``*bf16``/``*fp32``/
 ``*i32``/``*u8``/``*u1`` as passed, ints ``i32``, floats ``fp32``), its constexprs and its warps/stages.
-Triton's launch-time specialisation (ints equal to 1 or divisible by 16) is not modelled.
+Each recorded launch compiles twice: as passed, and as Triton's launcher specialises it on the GPU (ints equal to
+1 as constexprs; tensors, taken as 16-byte aligned, and ints divisible by 16 marked divisible by 16): the variant a
+real launch takes, whose vectorised loads are pipelined through shared memory (a 128-wide transposed SwiGLU tile fit
+as passed but needed 272 KiB specialised, 2026-12-08). The routing kernels, compiled at fixed signatures, only as
+passed.
 
 The fp32 cases compile what the backend launches for 4-byte operands (default configs passed through
 ``common.for_element_size``, the prefill config given the element size).
