@@ -105,7 +105,7 @@ def test_rows_past_one_take_the_reference(caplog):
 @pytest.mark.parametrize("N, rank, up, bias", [(40, 8, True, True), (1500, 100, True, False), (72, 8, False, True)])
 def test_warm_tail_gives_the_same_bits(cfg, N, rank, up, bias, monkeypatch):
     """`KernelOptions.route_warm`: the tail's operands loaded early by every program (a store that never runs
-    consumes them) and the norm in 2048-wide chunks (N = 1500: one trip instead of two) change no bit of ``h``,
+    consumes them) and the norm in one trip up to 4096 columns (N = 1500: one instead of two) change no bit of ``h``,
     the norm's output or the decisions; the launch takes the warm constexprs."""
     from wide.kernels import use_kernel_options
     from wide.kernels.triton import gemm_k as host
@@ -128,7 +128,7 @@ def test_warm_tail_gives_the_same_bits(cfg, N, rank, up, bias, monkeypatch):
     monkeypatch.setattr(host, "_gemm_k_kernel", Spy())
     with use_kernel_options(route_warm=True):
         warm = host.gemm_k_route(x, w, mask, res, nw, 1e-5, *r, True, 1e-6, config=cfg)
-    assert seen and seen[0]["R_WARM"] and seen[0]["BLOCK_D"] == min(2048, 1 << (N - 1).bit_length())
+    assert seen and seen[0]["R_WARM"] and seen[0]["BLOCK_D"] == min(4096, 1 << (N - 1).bit_length())
     for a, b in zip(warm, cold):
         assert torch.equal(a, b)
     _check(warm, x, w, mask, res, nw, r)

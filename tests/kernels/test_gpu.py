@@ -276,7 +276,7 @@ def test_router_margin(rows, wdtype, kind):
                                               (1536, 8960, 70, 2)], ids=["8b-o", "8b-down", "qwen-o", "qwen-down"])
 def test_route_warm_same_bits_on_the_gpu(N, K, groups, G):
     """`KernelOptions.route_warm` at the 8B and Qwen2.5-1.5B decode shapes (bf16, fp32 low-rank router of rank 32, the
-    default configs): the warm loads and the 2048-wide norm chunks change no bit of ``h``, the norm's output or the
+    default configs): the warm loads and the one-trip norm change no bit of ``h``, the norm's output or the
     decisions, over replays (the counters reset)."""
     torch.manual_seed(N + K)
     x = torch.randn(1, 1, K, device=DEV).to(torch.bfloat16)

@@ -96,8 +96,8 @@ class KernelOptions:
     over the written row, the router's second stage) finds its operands in L2: each program of the launch first loads
     one element of a share of the 128-byte lines the tail reads (the norm's weight, the router's ``up`` and bias, its
     tile's columns of the router's ``down``; ``evict_last``), consumed by a store that never runs, and the norm runs
-    in 2048-wide chunks instead of 1024 (half the serial trips at the 8B shape's 4096, one at Qwen2.5-1.5B's 1536;
-    the same 64 registers a thread, ptxas for sm_90). Why: the tail's loads come one after another, each a DRAM
+    in one trip up to 4096 columns instead of 1024-wide trips (4 at the 8B shape, 2 at Qwen2.5-1.5B's 1536; 46-56
+    registers a thread either way, ptxas for sm_90). Why: the tail's loads come one after another, each a DRAM
     round trip when cold, and the tail cost about what the router launch it replaces did (H200 profile 2026-12-03:
     the two fused launches of a Qwen layer 15.2 -> 27.4 us). Same results bit for bit (the loads only warm the
     cache). Off until measured on a GPU."""

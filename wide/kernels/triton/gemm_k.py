@@ -335,8 +335,9 @@ def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, un
                             dec.view(torch.uint8), parts, arrival_counters(out.device, 1, owner="gemm_k_route"), R,
                             G, down.stride(0), up.stride(0) if up is not None else 0, float(eps), float(norm_eps))))
     # KernelOptions.route_warm: the tail's operands warmed into L2 by the programs' first loads
-    # (`_warm_route_operands`), and the norm in half the trips (2048-wide chunks: at 8 warps the same 64 registers as
-    # 1024 for the 8B and Qwen2.5-1.5B shapes, ptxas for sm_90; 4096 took 72-73 and a fourth of the occupancy)
+    # (`_warm_route_operands`), and the norm in one trip up to 4096 columns (the 8B shape: 4 trips before). ptxas for
+    # sm_90, the launch specialised as Triton's launcher does, 8 warps: 46-56 registers a thread with 1024-, 2048- or
+    # 4096-wide chunks alike (Triton 3.6 and 3.9), so the launch keeps its occupancy
     # (a hint only: the lines a program warms never change what the epilogue computes)
     warm = kernel_options().route_warm
     weights = up if up is not None else down
@@ -347,7 +348,7 @@ def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, un
     args.update(ROUTE=True, R_NORMALIZE=bool(normalize), R_HAS_UP=up is not None, R_HAS_BIAS=bias is not None,
                 BLOCK_R=block_r, BLOCK_RG=max(16, min(triton.next_power_of_2(G), 4096 // block_r)),
                 BLOCK_T=max(2, min(triton.next_power_of_2(tiles), 4096 // block_r)),
-                BLOCK_D=max(16, min(triton.next_power_of_2(N), 2048 if warm else 1024)),
+                BLOCK_D=max(16, min(triton.next_power_of_2(N), 4096 if warm else 1024)),
                 R_WARM=warm, R_GEPL=max(1, 128 // gamma.element_size()), R_UEPL=max(1, 128 // weights.element_size()),
                 BLOCK_W=max(16, triton.next_power_of_2(max(triton.cdiv(R, split), triton.cdiv(shared_lines, programs)))))
     return args
