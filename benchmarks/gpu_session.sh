@@ -979,8 +979,8 @@ _table23)
   timeout 200 python3 benchmarks/profile_decode.py --batch 1 --router random --sparsity 0.5 --top 40 \
     > /tmp/res/profile_8b_b1.txt 2>&1; grep "wall" /tmp/res/profile_8b_b1.txt
   fi
-  # (TABLE23_ROUTE_AB=1: batch-1 decode with low-rank routers at 50 / 75%, decode_route off / on: the fused norm +
-  # router epilogue lets q skip the heads no row runs, which pays more at 75%)
+  # (TABLE23_ROUTE_AB=1: batch-1 decode with low-rank routers at 50 / 75%, decode_route off and on (route_side): the
+  # fused norm + router epilogue lets q skip the heads no row runs, which pays more at 75%)
   # (sides "0 1 w fw" of route_side: ~5 min; TABLE23_ROUTE_PROF=1 adds their Qwen / 8B profiles, ~5 min more)
   [ "${TABLE23_ROUTE_AB:-0}" = 1 ] && ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_ab /tmp/res 200
   [ "${TABLE23_ROUTE_PROF:-0}" = 1 ] && ROUTE_SIDES=${ROUTE_SIDES:-0 1 w fw} route_profiles /tmp/res 90
@@ -1025,8 +1025,8 @@ col23q)
     --sparsity 0.5 --decode-batch 1 --weight-layout $lay --json $OUT/bench8b_$lay.json > $OUT/bench8b_$lay.md 2>&1
     grep -i "decode\|error" $OUT/bench8b_$lay.md | head -8; done
   ;;
-route23q)  # [synchronous, ~6 min] issue 23's decode_route decision in one call, for a session with little device time
-  # left: the 8B shape's batch-1 decode at 50 / 75% with low-rank routers, decode_route off / on / FFN side only;
+route23q)  # [synchronous, ~7 min] issue 23's decode_route decision in one call, for a session with little device time
+  # left: the 8B shape's batch-1 decode at 50 / 75% with low-rank routers, route_side's sides 0 1 w fw (ROUTE_SIDES);
   # everything to $OUT
   install_wheels || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt

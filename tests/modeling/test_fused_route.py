@@ -37,7 +37,11 @@ def counts(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("qkv", [False, True], ids=["unfused-qkv", "fused-qkv"])
-def test_batch1_decode_routes_in_the_epilogues(arch, qkv, counts):
+@pytest.mark.parametrize("attn", [True, False], ids=["both-sides", "ffn-side"])
+def test_batch1_decode_routes_in_the_epilogues(arch, qkv, attn, counts):
+    """Both sides: every o_proj and every down_proj but the last layer's route, only layer 0's attention decides.
+    ``decode_route_attn=0``: only o_proj routes (the FFN norm and router), every layer's attention router decides on
+    its own, as without `decode_route`. The same logits, caches and tokens either way."""
     model = _routed(arch)
     layers = model.config.num_hidden_layers
     ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(1))
@@ -46,33 +50,11 @@ def test_batch1_decode_routes_in_the_epilogues(arch, qkv, counts):
         off = _static_steps(model, ids, steps)
         assert counts["route"] == 0
         decided = counts["decide"]
-        with use_kernel_options(decode_route=True):
+        with use_kernel_options(decode_route=True, decode_route_attn=attn):
             on = _static_steps(model, ids, steps)
-    # per decode step: every o_proj and every down_proj but the last layer's route; only layer 0's attention decides
-    assert counts["route"] == steps * (2 * layers - 1)
+    assert counts["route"] == steps * (2 * layers - 1 if attn else layers)
     prefill = 2 * layers
-    assert counts["decide"] - decided == prefill + steps * 1
-    torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
-    for a, b in zip(on[1], off[1]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert on[2] == off[2]
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_ffn_side_only_leaves_the_attention_router_its_own_launch(arch, counts):
-    """``decode_route_attn=0``: only ``o_proj`` routes (the FFN norm and router); every layer's attention router
-    decides on its own, as without `decode_route`, with the same logits."""
-    model = _routed(arch)
-    layers = model.config.num_hidden_layers
-    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(5))
-    steps = 3
-    with use_kernel_options(decode_qkv=True, decode_residual=True):
-        off = _static_steps(model, ids, steps)
-        decided = counts["decide"]
-        with use_kernel_options(decode_route=True, decode_route_attn=False):
-            on = _static_steps(model, ids, steps)
-    assert counts["route"] == steps * layers
-    assert counts["decide"] - decided == 2 * layers + steps * layers
+    assert counts["decide"] - decided == prefill + steps * (1 if attn else layers)
     torch.testing.assert_close(on[0], off[0], rtol=1e-5, atol=1e-5)
     for a, b in zip(on[1], off[1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-option", action="append", default=[], metavar="NAME=0|1",
                    help="an A/B switch of the fused kernels' default configs (wide.kernels.KernelOptions: "
                         "persistent_mn, skinny_swap, decode_fold, ffn_experts, gemm_k_experts, decode_norm_route, "
-                        "decode_qkv, decode_qkv_split, decode_residual, decode_route, decode_route_attn, route_warm, attn_pack, narrow_swiglu, "
-                        "router_prefetch), e.g. "
+                        "decode_qkv, decode_qkv_split, decode_residual, decode_route, decode_route_attn, route_warm, "
+                        "attn_pack, narrow_swiglu, router_prefetch), e.g. "
                         "skinny_swap=0; "
                         "repeatable")  # spelled out: this parser imports no torch (a test holds it to the fields)
     p.add_argument("--ids", choices=["auto", "random", "text"], default="auto",

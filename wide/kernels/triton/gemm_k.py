@@ -341,16 +341,18 @@ def _route_args(route: tuple | None, out: torch.Tensor, N: int, block_n: int, un
     # (a hint only: the lines a program warms never change what the epilogue computes)
     warm = kernel_options().route_warm
     weights = up if up is not None else down
-    shared_lines = (triton.cdiv(N * gamma.element_size(), 128)
-                    + (triton.cdiv(((G - 1) * up.stride(0) + R) * up.element_size(), 128) if up is not None else 0)
-                    + (triton.cdiv(G * weights.element_size(), 128) if bias is not None else 0))
-    programs = tiles * split
+    block_w = 16
+    if warm:  # lanes for this program's share of the tail's lines, and for its tile's rows of `down`
+        shared_lines = (triton.cdiv(N * gamma.element_size(), 128)
+                        + (triton.cdiv(((G - 1) * up.stride(0) + R) * up.element_size(), 128) if up is not None else 0)
+                        + (triton.cdiv(G * weights.element_size(), 128) if bias is not None else 0))
+        block_w = max(16, triton.next_power_of_2(max(triton.cdiv(R, split), triton.cdiv(shared_lines, tiles * split))))
     args.update(ROUTE=True, R_NORMALIZE=bool(normalize), R_HAS_UP=up is not None, R_HAS_BIAS=bias is not None,
                 BLOCK_R=block_r, BLOCK_RG=max(16, min(triton.next_power_of_2(G), 4096 // block_r)),
                 BLOCK_T=max(2, min(triton.next_power_of_2(tiles), 4096 // block_r)),
                 BLOCK_D=max(16, min(triton.next_power_of_2(N), 4096 if warm else 1024)),
                 R_WARM=warm, R_GEPL=max(1, 128 // gamma.element_size()), R_UEPL=max(1, 128 // weights.element_size()),
-                BLOCK_W=max(16, triton.next_power_of_2(max(triton.cdiv(R, split), triton.cdiv(shared_lines, programs)))))
+                BLOCK_W=block_w)
     return args
 
 
